@@ -1,0 +1,1 @@
+//! inccl-engine
