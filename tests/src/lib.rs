@@ -1,1 +1,4 @@
-//! inc-tests
+//! inc-tests: the deterministic network simulation of the INC protocol ([`sim`]) and
+//! end-to-end tests across processes.
+
+pub mod sim;
