@@ -1,0 +1,210 @@
+//! The backend trait and the types every backend shares.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Errors of packet I/O backends. Each names the interface (and namespace) at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    /// A system call failed on an interface.
+    #[error("{op} on interface {iface}: {source}")]
+    Interface {
+        /// What was attempted.
+        op: &'static str,
+        /// `netns/ifname` or `ifname`.
+        iface: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A network namespace could not be entered.
+    #[error("cannot enter network namespace `{netns}` ({path}): {source}")]
+    Netns {
+        /// Namespace name.
+        netns: String,
+        /// Path tried.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A system call failed that belongs to no single interface.
+    #[error("{op}: {source}")]
+    Sys {
+        /// What was attempted.
+        op: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Invalid configuration (bad port spec, bad ring geometry).
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Where a port lives: an interface, optionally in another network namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSpec {
+    /// Network namespace name (as in `ip netns`); `None` is the current namespace.
+    pub netns: Option<String>,
+    /// Interface name inside that namespace.
+    pub ifname: String,
+}
+
+impl PortSpec {
+    /// `netns/ifname` or `ifname`, for messages.
+    pub fn label(&self) -> String {
+        match &self.netns {
+            Some(ns) => format!("{ns}/{}", self.ifname),
+            None => self.ifname.clone(),
+        }
+    }
+}
+
+impl fmt::Display for PortSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
+impl FromStr for PortSpec {
+    type Err = IoError;
+
+    /// Parses `ifname` or `netns/ifname`.
+    fn from_str(s: &str) -> Result<Self, IoError> {
+        let (netns, ifname) = match s.split_once('/') {
+            Some((ns, ifn)) => (Some(ns.to_string()), ifn),
+            None => (None, s),
+        };
+        let bad_ns = netns.as_deref().is_some_and(|ns| ns.is_empty() || ns.contains('/'));
+        // IFNAMSIZ is 16 including the terminating NUL.
+        if ifname.is_empty() || ifname.len() > 15 || ifname.contains('/') || bad_ns {
+            return Err(IoError::Config(format!(
+                "bad interface `{s}`: expected IFNAME or NETNS/IFNAME (IFNAME at most 15 bytes)"
+            )));
+        }
+        Ok(PortSpec { netns, ifname: ifname.to_string() })
+    }
+}
+
+/// A port as opened by a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortDesc {
+    /// Where it lives.
+    pub spec: PortSpec,
+    /// MAC address of the interface (all zero if the backend has none).
+    pub mac: [u8; 6],
+    /// Interface MTU in bytes (IP packet size), if known.
+    pub mtu: Option<u32>,
+}
+
+/// Per-port counters, cumulative since the backend was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PortCounters {
+    /// Frames handed to the caller.
+    pub rx_packets: u64,
+    /// Bytes handed to the caller.
+    pub rx_bytes: u64,
+    /// Frames the kernel or the backend dropped before the caller saw them (ring full).
+    pub rx_dropped: u64,
+    /// Frames sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Frames that could not be sent (send error, peer gone).
+    pub tx_dropped: u64,
+    /// Times the transmit batch was full and had to be flushed early.
+    pub tx_batch_full: u64,
+    /// Receive batches (blocks for AF_PACKET) processed.
+    pub rx_batches: u64,
+    /// Transmit system calls (or batch hand-offs).
+    pub tx_batches: u64,
+}
+
+/// Something that can interrupt [`Backend::wait`] from another thread.
+pub trait Wake: Send + Sync + fmt::Debug {
+    /// Make the current or next `wait` return promptly.
+    fn wake(&self);
+}
+
+/// Cloneable handle that interrupts [`Backend::wait`] from any thread (controller
+/// session, stats server, signal handler thread).
+#[derive(Debug, Clone)]
+pub struct Waker(Arc<dyn Wake>);
+
+impl Waker {
+    /// Wrap a wake implementation.
+    pub fn new(inner: Arc<dyn Wake>) -> Self {
+        Waker(inner)
+    }
+
+    /// Interrupt the backend's wait.
+    pub fn wake(&self) {
+        self.0.wake();
+    }
+}
+
+/// A batched packet I/O backend serving every port of a process.
+///
+/// Ports are numbered `0..ports().len()` in the order they were given to the backend.
+/// A backend is driven by one thread; only its [`Waker`] crosses threads.
+pub trait Backend: Send + fmt::Debug {
+    /// Backend name as chosen on the command line.
+    fn name(&self) -> &'static str;
+
+    /// Opened ports, by port index.
+    fn ports(&self) -> &[PortDesc];
+
+    /// Hand up to about `budget` received frames to `sink(port, frame)`; frames are
+    /// borrowed from the backend and released when `sink` returns. Never blocks.
+    /// Returns the number of frames handed over.
+    fn recv_batch(
+        &mut self,
+        budget: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<usize, IoError>;
+
+    /// A free transmit buffer of at least [`Backend::max_frame_len`] bytes, or `None`
+    /// when the transmit batch is full (call [`Backend::flush`]). The buffer is only
+    /// used if [`Backend::commit_tx`] follows; otherwise the next call returns it again.
+    fn tx_buffer(&mut self) -> Option<&mut [u8]>;
+
+    /// Queue the first `len` bytes of the buffer last returned by
+    /// [`Backend::tx_buffer`] for transmission on `port`.
+    fn commit_tx(&mut self, port: usize, len: usize);
+
+    /// Send every queued frame. Returns the number of frames sent.
+    fn flush(&mut self) -> Result<usize, IoError>;
+
+    /// Largest frame (Ethernet header to end, without FCS) a transmit buffer holds.
+    fn max_frame_len(&self) -> usize;
+
+    /// Block until a frame may be ready on any port, the [`Waker`] fired, or `timeout`
+    /// passed (`None`: no timeout). Returns at once if frames are already waiting.
+    /// Spurious returns are allowed.
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError>;
+
+    /// A handle that interrupts [`Backend::wait`].
+    fn waker(&self) -> Waker;
+
+    /// Counters of one port (panics if `port` is out of range).
+    fn port_counters(&mut self, port: usize) -> PortCounters;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_spec_parses_both_forms() {
+        let p: PortSpec = "veth0".parse().unwrap();
+        assert_eq!(p, PortSpec { netns: None, ifname: "veth0".into() });
+        let p: PortSpec = "inc-s1/p0".parse().unwrap();
+        assert_eq!(p, PortSpec { netns: Some("inc-s1".into()), ifname: "p0".into() });
+        assert_eq!(p.label(), "inc-s1/p0");
+        for bad in ["", "ns/", "/if", "a/b/c", "averyveryverylongname"] {
+            assert!(bad.parse::<PortSpec>().is_err(), "{bad}");
+        }
+    }
+}
