@@ -135,23 +135,21 @@ pub fn first_mismatch(dtype: Dtype, got: &[u8], want: &[u8]) -> Option<(usize, S
         .map(|i| (i, show(&got[i * ELEM..][..ELEM]), show(&want[i * ELEM..][..ELEM])))
 }
 
-/// Largest relative difference between two FLOAT32 vectors (for sums whose combination
-/// order the protocol leaves open); infinities and NaNs must match exactly.
-pub fn max_rel_error(got: &[u8], want: &[u8]) -> f64 {
-    let f = |b: &[u8]| f64::from(f32::from_ne_bytes(b.try_into().expect("4-byte chunk")));
-    got.chunks_exact(ELEM)
-        .zip(want.chunks_exact(ELEM))
-        .map(|(g, w)| {
-            let (g, w) = (f(g), f(w));
-            if g == w || (g.is_nan() && w.is_nan()) {
-                0.0
-            } else if !g.is_finite() || !w.is_finite() {
-                f64::INFINITY
-            } else {
-                (g - w).abs() / w.abs().max(f64::from(f32::MIN_POSITIVE))
-            }
-        })
-        .fold(0.0, f64::max)
+/// Checks a FLOAT32 SUM whose combination order the protocol leaves open: every element
+/// must lie within `n * 2^-23 * sum(|x_i|)` of the exact (f64) sum of the `inputs`, the
+/// worst-case rounding error of any order of `n - 1` additions. Returns the first
+/// element outside that bound as `(index, got, exact, bound)`.
+pub fn float_sum_out_of_bound(got: &[u8], inputs: &[&[u8]]) -> Option<(usize, f32, f64, f64)> {
+    let n = inputs.len() as f64;
+    let at =
+        |b: &[u8], i: usize| f32::from_ne_bytes(b[i * ELEM..][..ELEM].try_into().expect("4 bytes"));
+    (0..got.len() / ELEM).find_map(|i| {
+        let exact: f64 = inputs.iter().map(|x| f64::from(at(x, i))).sum();
+        let abs: f64 = inputs.iter().map(|x| f64::from(at(x, i)).abs()).sum();
+        let bound = n * f64::from(f32::EPSILON) * abs;
+        let g = at(got, i);
+        ((f64::from(g) - exact).abs() > bound || !g.is_finite()).then_some((i, g, exact, bound))
+    })
 }
 
 #[cfg(test)]
@@ -203,6 +201,18 @@ mod tests {
         assert_eq!(i, 1);
         assert!(got.starts_with("2e0") && want.starts_with("2.5e0"), "{got} {want}");
         assert!(first_mismatch(Dtype::Float32, &a, &a).is_none());
-        assert!((max_rel_error(&a, &b) - 0.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn float_sum_bound_accepts_reordered_sums_only() {
+        let xs = [f32s(&[1e8, 3.0]), f32s(&[1.0, 1e-3]), f32s(&[-1e8, 2.0])];
+        let ins: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+        let fwd = reduce(Op::Sum, Dtype::Float32, &ins);
+        let rev: Vec<&[u8]> = ins.iter().rev().copied().collect();
+        // (1e8 + 1) - 1e8 = 0 but 1e8 - 1e8 + 1 = 1: both are within the bound.
+        assert!(float_sum_out_of_bound(&fwd, &ins).is_none());
+        assert!(float_sum_out_of_bound(&reduce(Op::Sum, Dtype::Float32, &rev), &ins).is_none());
+        let wrong = f32s(&[0.0, 6.5]);
+        assert_eq!(float_sum_out_of_bound(&wrong, &ins).map(|e| e.0), Some(1));
     }
 }
