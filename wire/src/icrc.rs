@@ -1,0 +1,127 @@
+//! The RoCEv2 invariant CRC (IBA Annex A17; Linux `rxe_icrc.c`).
+//!
+//! CRC-32 (IEEE, as computed by `crc32fast`, which uses PCLMULQDQ/ARMv8 CRC when
+//! available) over: 8 bytes of 0xFF standing in for the InfiniBand LRH; the IPv4 header
+//! with TOS, TTL and header checksum set to all ones; the UDP header with its checksum set
+//! to all ones; the BTH with byte 4 (FECN/BECN/reserved) set to all ones; then everything
+//! after the BTH through the last pad byte. The result is appended least significant
+//! byte first (what rxe writes on little-endian hosts).
+
+/// Length of the ICRC trailer.
+pub const ICRC_LEN: usize = 4;
+
+const PSEUDO_LRH: [u8; 8] = [0xff; 8];
+/// IPv4 (20) + UDP (8) + BTH (12): the bytes that get masked.
+const MASKED_LEN: usize = 40;
+/// Offsets (from the start of the IPv4 header) of the bytes replaced by 0xFF.
+const MASKED_OFFSETS: [usize; 6] = [
+    1,  // IPv4 TOS
+    8,  // IPv4 TTL
+    10, // IPv4 header checksum
+    11, //
+    26, // UDP checksum
+    27, //
+];
+/// BTH byte 4 (FECN, BECN, reserved), at 20 + 8 + 4.
+const BTH_RESV_OFFSET: usize = 32;
+
+/// The ICRC of `ip_to_payload_end`: a frame without its Ethernet header and without
+/// the ICRC (IPv4 header with no options, UDP, BTH, extension headers, payload, pad).
+pub fn compute(ip_to_payload_end: &[u8]) -> u32 {
+    compute_parts(&[ip_to_payload_end])
+}
+
+/// Like [`compute`] over the concatenation of `parts`, so that a caller can supply
+/// rebuilt IPv4/UDP headers and a received UDP payload without copying them together.
+pub fn compute_parts(parts: &[&[u8]]) -> u32 {
+    // A small stack copy of the masked headers; the payload is hashed in place.
+    let mut head = [0u8; MASKED_LEN];
+    let mut filled = 0;
+    for part in parts {
+        let take = part.len().min(MASKED_LEN - filled);
+        head[filled..filled + take].copy_from_slice(&part[..take]);
+        filled += take;
+    }
+    for off in MASKED_OFFSETS.into_iter().chain([BTH_RESV_OFFSET]) {
+        if off < filled {
+            head[off] = 0xff;
+        }
+    }
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&PSEUDO_LRH);
+    hasher.update(&head[..filled]);
+    // Second pass: the same split, now hashing what the header copy did not take.
+    let mut skipped = 0;
+    for part in parts {
+        let take = part.len().min(MASKED_LEN - skipped);
+        skipped += take;
+        hasher.update(&part[take..]);
+    }
+    hasher.finalize()
+}
+
+/// Reads the ICRC stored at the end of `ip_to_icrc_end` and checks it. Inputs shorter
+/// than the ICRC itself are reported as not matching.
+pub fn verify(ip_to_icrc_end: &[u8]) -> bool {
+    match stored(ip_to_icrc_end) {
+        Some(icrc) => compute(&ip_to_icrc_end[..ip_to_icrc_end.len() - ICRC_LEN]) == icrc,
+        None => false,
+    }
+}
+
+/// The ICRC value stored in the last 4 bytes, if there are 4 bytes.
+pub fn stored(ip_to_icrc_end: &[u8]) -> Option<u32> {
+    let n = ip_to_icrc_end.len();
+    let tail: [u8; ICRC_LEN] = ip_to_icrc_end.get(n.checked_sub(ICRC_LEN)?..)?.try_into().ok()?;
+    Some(u32::from_le_bytes(tail))
+}
+
+/// Writes `icrc` into the 4 bytes it occupies on the wire.
+pub fn write(icrc: u32, dst: &mut [u8; ICRC_LEN]) {
+    *dst = icrc.to_le_bytes();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Straightforward reference: build the whole masked buffer, CRC it.
+    fn reference(data: &[u8]) -> u32 {
+        let mut v = PSEUDO_LRH.to_vec();
+        let mut d = data.to_vec();
+        for off in [1, 8, 10, 11, 26, 27, 32] {
+            if off < d.len() {
+                d[off] = 0xff;
+            }
+        }
+        v.extend_from_slice(&d);
+        crc32fast::hash(&v)
+    }
+
+    #[test]
+    fn masked_fields_do_not_matter() {
+        let mut pkt = [0x5au8; 100];
+        let c = compute(&pkt);
+        for off in [1, 8, 10, 11, 26, 27, 32] {
+            pkt[off] ^= 0x33;
+        }
+        assert_eq!(compute(&pkt), c);
+        pkt[33] ^= 1;
+        assert_ne!(compute(&pkt), c);
+    }
+
+    proptest! {
+        #[test]
+        fn matches_reference(data in proptest::collection::vec(any::<u8>(), 0..300),
+                             split in 0usize..300) {
+            let c = compute(&data);
+            prop_assert_eq!(c, reference(&data));
+            let s = split.min(data.len());
+            prop_assert_eq!(compute_parts(&[&data[..s], &data[s..]]), c);
+            let mut with = data.clone();
+            with.extend_from_slice(&c.to_le_bytes());
+            prop_assert!(verify(&with));
+        }
+    }
+}

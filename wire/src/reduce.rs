@@ -1,0 +1,269 @@
+//! Element reduce kernels over network-byte-order vectors, and byte-order conversion.
+//!
+//! Semantics (every rank must receive bit-identical results, whatever order the switch
+//! combines contributions in, so every operation here is commutative *bit for bit*):
+//!
+//! - INT32: SUM wraps (two's complement); MAX/MIN compare as signed.
+//! - FLOAT32 SUM: IEEE 754 binary32 addition, round to nearest even.
+//! - FLOAT32 MAX/MIN: IEEE 754-2019 `maximum`/`minimum`: `-0.0 < +0.0`, so
+//!   `max(-0.0, +0.0) = +0.0` and `min(-0.0, +0.0) = -0.0`.
+//! - NaN: any NaN operand makes the result NaN, and every NaN result is the canonical
+//!   quiet NaN `0x7FC00000`, so payload and sign bits never depend on operand order or
+//!   on the CPU.
+//!
+//! Float SUM is commutative but not associative; a reproducible result across runs
+//! needs a fixed combination order, which is the switch's job (deterministic mode).
+
+use crate::imm::{DataType, Operator};
+
+/// The canonical quiet NaN every NaN result is replaced with.
+pub const CANONICAL_NAN_BITS: u32 = 0x7fc0_0000;
+
+fn canon(x: f32) -> u32 {
+    if x.is_nan() {
+        CANONICAL_NAN_BITS
+    } else {
+        x.to_bits()
+    }
+}
+
+fn f32_max(a: f32, b: f32) -> u32 {
+    if a.is_nan() || b.is_nan() {
+        CANONICAL_NAN_BITS
+    } else if a > b || (a == b && b.is_sign_negative()) {
+        a.to_bits()
+    } else {
+        b.to_bits()
+    }
+}
+
+fn f32_min(a: f32, b: f32) -> u32 {
+    if a.is_nan() || b.is_nan() {
+        CANONICAL_NAN_BITS
+    } else if a < b || (a == b && a.is_sign_negative()) {
+        a.to_bits()
+    } else {
+        b.to_bits()
+    }
+}
+
+/// Combines two elements given as their bit patterns (host order). `Barrier` returns
+/// `a` unchanged.
+pub fn combine_element(op: Operator, dtype: DataType, a: u32, b: u32) -> u32 {
+    match (dtype, op) {
+        (_, Operator::Barrier) => a,
+        (DataType::Int32, Operator::Sum) => a.wrapping_add(b),
+        (DataType::Int32, Operator::Max) => (a as i32).max(b as i32) as u32,
+        (DataType::Int32, Operator::Min) => (a as i32).min(b as i32) as u32,
+        (DataType::Float32, Operator::Sum) => canon(f32::from_bits(a) + f32::from_bits(b)),
+        (DataType::Float32, Operator::Max) => f32_max(f32::from_bits(a), f32::from_bits(b)),
+        (DataType::Float32, Operator::Min) => f32_min(f32::from_bits(a), f32::from_bits(b)),
+    }
+}
+
+#[inline(always)]
+fn zip_be(acc: &mut [u8], other: &[u8], f: impl Fn(u32, u32) -> u32) -> usize {
+    let mut n = 0;
+    for (a, b) in acc.chunks_exact_mut(4).zip(other.chunks_exact(4)) {
+        let x = u32::from_be_bytes([a[0], a[1], a[2], a[3]]);
+        let y = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        a.copy_from_slice(&f(x, y).to_be_bytes());
+        n += 1;
+    }
+    n
+}
+
+/// `acc[i] = acc[i] op other[i]` over big-endian elements of `dtype`.
+///
+/// Processes the whole elements the two slices have in common and returns how many
+/// that was; callers compare it with the count they expected (differing lengths are a
+/// protocol error the caller must report, not something to reduce around).
+/// `Barrier` carries no data and returns 0.
+pub fn combine_be(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
+    // One monomorphic loop per case so the compiler can keep the hot loop branch-free.
+    match (dtype, op) {
+        (_, Operator::Barrier) => 0,
+        (DataType::Int32, Operator::Sum) => zip_be(acc, other, |a, b| a.wrapping_add(b)),
+        (DataType::Int32, Operator::Max) => {
+            zip_be(acc, other, |a, b| (a as i32).max(b as i32) as u32)
+        }
+        (DataType::Int32, Operator::Min) => {
+            zip_be(acc, other, |a, b| (a as i32).min(b as i32) as u32)
+        }
+        (DataType::Float32, Operator::Sum) => {
+            zip_be(acc, other, |a, b| canon(f32::from_bits(a) + f32::from_bits(b)))
+        }
+        (DataType::Float32, Operator::Max) => {
+            zip_be(acc, other, |a, b| f32_max(f32::from_bits(a), f32::from_bits(b)))
+        }
+        (DataType::Float32, Operator::Min) => {
+            zip_be(acc, other, |a, b| f32_min(f32::from_bits(a), f32::from_bits(b)))
+        }
+    }
+}
+
+/// Copies native-order elements of `dtype` from `src` into `dst` in network order.
+/// Converts the whole elements both slices hold and returns how many.
+pub fn to_network(dtype: DataType, src: &[u8], dst: &mut [u8]) -> usize {
+    let _ = dtype; // every supported type is 4 bytes wide
+    let mut n = 0;
+    for (s, d) in src.chunks_exact(4).zip(dst.chunks_exact_mut(4)) {
+        d.copy_from_slice(&u32::from_ne_bytes([s[0], s[1], s[2], s[3]]).to_be_bytes());
+        n += 1;
+    }
+    n
+}
+
+/// Copies network-order elements of `dtype` from `src` into `dst` in native order.
+/// Converts the whole elements both slices hold and returns how many.
+pub fn from_network(dtype: DataType, src: &[u8], dst: &mut [u8]) -> usize {
+    let _ = dtype; // every supported type is 4 bytes wide
+    let mut n = 0;
+    for (s, d) in src.chunks_exact(4).zip(dst.chunks_exact_mut(4)) {
+        d.copy_from_slice(&u32::from_be_bytes([s[0], s[1], s[2], s[3]]).to_ne_bytes());
+        n += 1;
+    }
+    n
+}
+
+/// Converts whole elements between native and network order in place (the same
+/// operation in both directions); returns how many elements.
+pub fn swap_in_place(dtype: DataType, buf: &mut [u8]) -> usize {
+    let _ = dtype;
+    let mut n = 0;
+    for c in buf.chunks_exact_mut(4) {
+        let v = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+        c.copy_from_slice(&v.to_ne_bytes());
+        n += 1;
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::cmp::Ordering;
+    use proptest::prelude::*;
+
+    /// Scalar reference written independently of the kernels: float MAX/MIN via
+    /// `total_cmp` (which orders -0.0 below +0.0) after handling NaN.
+    fn reference(op: Operator, dtype: DataType, a: u32, b: u32) -> u32 {
+        let (fa, fb) = (f32::from_bits(a), f32::from_bits(b));
+        let nan = fa.is_nan() || fb.is_nan();
+        match (dtype, op) {
+            (_, Operator::Barrier) => a,
+            (DataType::Int32, Operator::Sum) => (a as i32).wrapping_add(b as i32) as u32,
+            (DataType::Int32, Operator::Max) => {
+                if (a as i32) >= (b as i32) {
+                    a
+                } else {
+                    b
+                }
+            }
+            (DataType::Int32, Operator::Min) => {
+                if (a as i32) <= (b as i32) {
+                    a
+                } else {
+                    b
+                }
+            }
+            (DataType::Float32, _) if nan => CANONICAL_NAN_BITS,
+            (DataType::Float32, Operator::Sum) => {
+                let s = fa + fb;
+                if s.is_nan() {
+                    CANONICAL_NAN_BITS
+                } else {
+                    s.to_bits()
+                }
+            }
+            (DataType::Float32, Operator::Max) => {
+                if fa.total_cmp(&fb) == Ordering::Greater {
+                    a
+                } else {
+                    b
+                }
+            }
+            (DataType::Float32, Operator::Min) => {
+                if fa.total_cmp(&fb) == Ordering::Less {
+                    a
+                } else {
+                    b
+                }
+            }
+        }
+    }
+
+    fn op_strategy() -> impl Strategy<Value = Operator> {
+        prop_oneof![Just(Operator::Sum), Just(Operator::Max), Just(Operator::Min)]
+    }
+    fn dtype_strategy() -> impl Strategy<Value = DataType> {
+        prop_oneof![Just(DataType::Int32), Just(DataType::Float32)]
+    }
+    /// Bit patterns biased towards the interesting floats.
+    fn element() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            any::<u32>(),
+            Just(0u32),
+            Just(0x8000_0000u32),
+            Just(0x7fc0_0000u32),
+            Just(0xffc0_0001u32),
+            Just(0x7f80_0000u32),
+            Just(0xff80_0000u32),
+            Just(0x7fff_ffffu32),
+            Just(0x8000_0001u32),
+            (-1000i32..1000).prop_map(|v| (v as f32).to_bits()),
+        ]
+    }
+
+    #[test]
+    fn signed_zero_and_nan() {
+        let (pz, nz) = (0.0f32.to_bits(), (-0.0f32).to_bits());
+        let f = DataType::Float32;
+        assert_eq!(combine_element(Operator::Max, f, nz, pz), pz);
+        assert_eq!(combine_element(Operator::Max, f, pz, nz), pz);
+        assert_eq!(combine_element(Operator::Min, f, nz, pz), nz);
+        assert_eq!(combine_element(Operator::Min, f, pz, nz), nz);
+        assert_eq!(combine_element(Operator::Sum, f, nz, nz), nz);
+        assert_eq!(combine_element(Operator::Sum, f, 0xffc0_0001, pz), CANONICAL_NAN_BITS);
+        let inf = f32::INFINITY.to_bits();
+        let ninf = f32::NEG_INFINITY.to_bits();
+        assert_eq!(combine_element(Operator::Sum, f, inf, ninf), CANONICAL_NAN_BITS);
+        assert_eq!(combine_element(Operator::Sum, DataType::Int32, i32::MAX as u32, 1), 1 << 31);
+        assert_eq!(combine_element(Operator::Max, DataType::Int32, u32::MAX, 1), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn kernels_match_reference(
+            op in op_strategy(),
+            dtype in dtype_strategy(),
+            pairs in proptest::collection::vec((element(), element()), 0..64),
+        ) {
+            let mut acc: Vec<u8> = pairs.iter().flat_map(|p| p.0.to_be_bytes()).collect();
+            let other: Vec<u8> = pairs.iter().flat_map(|p| p.1.to_be_bytes()).collect();
+            prop_assert_eq!(combine_be(op, dtype, &mut acc, &other), pairs.len());
+            for (i, (a, b)) in pairs.iter().enumerate() {
+                let got = u32::from_be_bytes(acc[4 * i..4 * i + 4].try_into().unwrap());
+                prop_assert_eq!(got, reference(op, dtype, *a, *b), "element {}", i);
+                prop_assert_eq!(got, combine_element(op, dtype, *a, *b));
+                // Bit-identical regardless of operand order.
+                prop_assert_eq!(got, combine_element(op, dtype, *b, *a));
+            }
+        }
+
+        #[test]
+        fn byte_order_round_trip(vals in proptest::collection::vec(any::<u32>(), 0..32)) {
+            let native: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let mut net = vec![0u8; native.len()];
+            prop_assert_eq!(to_network(DataType::Int32, &native, &mut net), vals.len());
+            for (i, v) in vals.iter().enumerate() {
+                prop_assert_eq!(&net[4 * i..4 * i + 4], &v.to_be_bytes()[..]);
+            }
+            let mut back = vec![0u8; native.len()];
+            from_network(DataType::Float32, &net, &mut back);
+            prop_assert_eq!(&back, &native);
+            swap_in_place(DataType::Int32, &mut net);
+            prop_assert_eq!(&net, &native);
+        }
+    }
+}
