@@ -1,1 +1,31 @@
-//! inc-controller
+//! INC emulator control plane.
+//!
+//! - [`topology`]: YAML topology model and validation.
+//! - [`compiler`]: pure rule compiler (topology + communicator -> per-switch rules).
+//! - [`plan`]: network-namespace plan for the deployment scripts.
+//! - [`service`]: the TCP controller service.
+
+pub mod compiler;
+pub mod topology;
+pub mod yaml;
+
+pub use compiler::{compile, Allocator, CommunicatorSpec, CompileError, Compiled};
+pub use topology::{Topology, TopologyError, TopologyIssue};
+
+use inc_ctrl_proto::{RankEndpoint, ROCE_UDP_PORT};
+
+/// Rank endpoints for offline rule printing and tests: rank i on host `ips[i]`, with
+/// deterministic placeholder QPNs/PSNs (real hosts register their own).
+pub fn demo_ranks(ips: &[std::net::Ipv4Addr]) -> Vec<RankEndpoint> {
+    ips.iter()
+        .enumerate()
+        .map(|(i, ip)| RankEndpoint {
+            rank: i as u16,
+            ip: *ip,
+            mac: None,
+            qpn: 0x11 + i as u32,
+            start_psn: (0x1000 * (i as u32 + 1)) & 0xff_ffff,
+            udp_port: ROCE_UDP_PORT,
+        })
+        .collect()
+}

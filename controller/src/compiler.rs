@@ -1,0 +1,492 @@
+//! Rule compiler: topology + communicator -> per-switch rules and per-rank endpoints.
+//!
+//! Pure code: no I/O. The [`Allocator`] carries switch resources (QPNs, slot pools)
+//! across communicators so that several communicators share switches without
+//! colliding; a communicator's resources are released with [`Allocator::release`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+
+use inc_ctrl_proto::{
+    ipv4_gid, udp_port_for_qpn, ConnectionRule, HostEndpoint, Peer, RankEndpoint, SwitchRules,
+    MAX_24BIT, ROCE_UDP_PORT, VALID_MTUS,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::topology::Topology;
+
+/// First switch-side QPN tried on a fresh switch (QPN 0 and 1 are special in IB).
+const FIRST_QPN: u32 = 0x100;
+/// Largest window a communicator may ask for.
+pub const MAX_WINDOW: u32 = 1 << 16;
+
+/// A communicator to compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommunicatorSpec {
+    /// Controller-unique id.
+    pub comm_id: u32,
+    /// One entry per rank, any order; ranks must be exactly 0..n.
+    pub ranks: Vec<RankEndpoint>,
+    /// Payload size override.
+    pub mtu: Option<u16>,
+    /// Window override.
+    pub window: Option<u32>,
+}
+
+/// Why a communicator cannot be compiled.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    /// No ranks.
+    #[error("communicator has no ranks")]
+    Empty,
+    /// Too many ranks (0xFFFF is the broadcast rank).
+    #[error("communicator has {0} ranks; at most 65535 are supported")]
+    TooManyRanks(usize),
+    /// Ranks are not exactly 0..n.
+    #[error("rank {rank} is missing or duplicated (ranks must be exactly 0..{world_size})")]
+    BadRanks {
+        /// Offending rank.
+        rank: u16,
+        /// Number of ranks.
+        world_size: usize,
+    },
+    /// A rank's IP is not a host of the topology.
+    #[error("rank {rank}: host IP {ip} is not a host of the topology")]
+    UnknownHost {
+        /// Rank.
+        rank: u16,
+        /// IP given.
+        ip: Ipv4Addr,
+    },
+    /// Two ranks on one host.
+    #[error("ranks {first} and {second} both use host {ip}; one rank per host is supported")]
+    DuplicateHost {
+        /// First rank.
+        first: u16,
+        /// Second rank.
+        second: u16,
+        /// Host IP.
+        ip: Ipv4Addr,
+    },
+    /// Host QPN or PSN out of range.
+    #[error("rank {rank}: {what} {value:#x} is invalid (24-bit, QPN not 0 or 1)")]
+    BadHostParam {
+        /// Rank.
+        rank: u16,
+        /// Field.
+        what: &'static str,
+        /// Value.
+        value: u32,
+    },
+    /// Unsupported payload size.
+    #[error("mtu {0} is not one of {VALID_MTUS:?}")]
+    BadMtu(u16),
+    /// Window out of range.
+    #[error("window {0} must be 1..={MAX_WINDOW}")]
+    BadWindow(u32),
+    /// A communicator with this id already holds resources.
+    #[error("communicator {0} already exists")]
+    DuplicateComm(u32),
+    /// No free QPN on a switch.
+    #[error("switch {0}: no free QPN")]
+    QpnExhausted(String),
+    /// No room for the slot pool on a switch.
+    #[error("switch {switch}: no room for {slots} more slots (capacity {capacity})")]
+    SlotsExhausted {
+        /// Switch name.
+        switch: String,
+        /// Slots requested.
+        slots: u32,
+        /// Capacity.
+        capacity: u32,
+    },
+}
+
+/// Result of compiling one communicator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compiled {
+    /// Communicator id.
+    pub comm_id: u32,
+    /// Topology id of the spanning tree's root switch.
+    pub root_switch: u32,
+    /// Rules of every involved switch, in tree order (root first, breadth-first).
+    pub rules: Vec<SwitchRules>,
+    /// Endpoints by rank.
+    pub endpoints: Vec<HostEndpoint>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct SwitchAlloc {
+    used: HashSet<u32>,
+    next: u32,
+    /// Slot pools: base -> len.
+    slots: BTreeMap<u32, u32>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct CommAlloc {
+    /// (switch id, qpns, slot base)
+    parts: Vec<(u32, Vec<u32>, Option<u32>)>,
+}
+
+/// Switch resources held by live communicators.
+#[derive(Debug, Default, Clone)]
+pub struct Allocator {
+    switches: HashMap<u32, SwitchAlloc>,
+    comms: HashMap<u32, CommAlloc>,
+}
+
+impl Allocator {
+    /// Empty allocator.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn alloc_qpn(&mut self, switch_id: u32, name: &str) -> Result<u32, CompileError> {
+        let sa = self.switches.entry(switch_id).or_default();
+        if sa.next < 2 {
+            sa.next = FIRST_QPN;
+        }
+        // Live QPNs are few compared to 2^24, so a linear probe ends quickly.
+        for _ in 0..=MAX_24BIT {
+            let q = sa.next;
+            sa.next = if q >= MAX_24BIT { 2 } else { q + 1 };
+            if sa.used.insert(q) {
+                return Ok(q);
+            }
+        }
+        Err(CompileError::QpnExhausted(name.to_string()))
+    }
+
+    fn alloc_slots(
+        &mut self,
+        switch_id: u32,
+        name: &str,
+        len: u32,
+        capacity: u32,
+    ) -> Result<u32, CompileError> {
+        let sa = self.switches.entry(switch_id).or_default();
+        let mut base = 0u32;
+        for (&b, &l) in &sa.slots {
+            if b.saturating_sub(base) >= len {
+                break;
+            }
+            base = b + l;
+        }
+        if u64::from(base) + u64::from(len) > u64::from(capacity) {
+            return Err(CompileError::SlotsExhausted {
+                switch: name.to_string(),
+                slots: len,
+                capacity,
+            });
+        }
+        sa.slots.insert(base, len);
+        Ok(base)
+    }
+
+    /// Release every resource of a communicator (no-op if unknown).
+    pub fn release(&mut self, comm_id: u32) {
+        let Some(c) = self.comms.remove(&comm_id) else { return };
+        for (sw, qpns, base) in c.parts {
+            if let Some(sa) = self.switches.get_mut(&sw) {
+                for q in qpns {
+                    sa.used.remove(&q);
+                }
+                if let Some(b) = base {
+                    sa.slots.remove(&b);
+                }
+            }
+        }
+    }
+
+    /// QPNs in use on a switch.
+    pub fn live_qpns(&self, switch_id: u32) -> usize {
+        self.switches.get(&switch_id).map_or(0, |s| s.used.len())
+    }
+
+    /// Whether a communicator holds resources.
+    pub fn has_comm(&self, comm_id: u32) -> bool {
+        self.comms.contains_key(&comm_id)
+    }
+}
+
+/// Draw a 24-bit start PSN; one in four lands just below the wrap so that PSN
+/// wrap-around is exercised early in every run.
+fn draw_psn(rng: &mut ChaCha8Rng, window: u32) -> u32 {
+    if rng.gen_ratio(1, 4) {
+        MAX_24BIT - rng.gen_range(0..window.saturating_mul(4).clamp(1, 1 << 20))
+    } else {
+        rng.gen_range(0..=MAX_24BIT)
+    }
+}
+
+/// Compile one communicator. `seed` makes start PSNs deterministic (golden tests);
+/// the service passes a per-process random seed.
+pub fn compile(
+    topo: &Topology,
+    spec: &CommunicatorSpec,
+    alloc: &mut Allocator,
+    seed: u64,
+) -> Result<Compiled, CompileError> {
+    if alloc.has_comm(spec.comm_id) {
+        return Err(CompileError::DuplicateComm(spec.comm_id));
+    }
+    let mut scratch = alloc.clone();
+    let out = compile_inner(topo, spec, &mut scratch, seed)?;
+    // Only commit allocations when the whole communicator compiled.
+    *alloc = scratch;
+    Ok(out)
+}
+
+fn compile_inner(
+    topo: &Topology,
+    spec: &CommunicatorSpec,
+    alloc: &mut Allocator,
+    seed: u64,
+) -> Result<Compiled, CompileError> {
+    let n = spec.ranks.len();
+    if n == 0 {
+        return Err(CompileError::Empty);
+    }
+    if n > 0xFFFF {
+        return Err(CompileError::TooManyRanks(n));
+    }
+    let mtu = spec.mtu.unwrap_or(topo.defaults.mtu);
+    if !VALID_MTUS.contains(&mtu) {
+        return Err(CompileError::BadMtu(mtu));
+    }
+    let window = spec.window.unwrap_or(topo.defaults.window);
+    if window == 0 || window > MAX_WINDOW {
+        return Err(CompileError::BadWindow(window));
+    }
+    // Ranks -> (endpoint, host index).
+    let mut by_rank: Vec<Option<&RankEndpoint>> = vec![None; n];
+    for r in &spec.ranks {
+        let slot = by_rank.get_mut(usize::from(r.rank));
+        match slot {
+            Some(s @ None) => *s = Some(r),
+            _ => return Err(CompileError::BadRanks { rank: r.rank, world_size: n }),
+        }
+    }
+    let mut ranks: Vec<&RankEndpoint> = Vec::with_capacity(n);
+    for (i, r) in by_rank.into_iter().enumerate() {
+        ranks.push(r.ok_or(CompileError::BadRanks { rank: i as u16, world_size: n })?);
+    }
+    let mut host_of_rank = Vec::with_capacity(n);
+    let mut seen: HashMap<usize, u16> = HashMap::new();
+    for r in &ranks {
+        let h =
+            topo.host_by_ip(r.ip).ok_or(CompileError::UnknownHost { rank: r.rank, ip: r.ip })?;
+        if let Some(first) = seen.insert(h, r.rank) {
+            return Err(CompileError::DuplicateHost { first, second: r.rank, ip: r.ip });
+        }
+        if r.qpn < 2 || r.qpn > MAX_24BIT {
+            return Err(CompileError::BadHostParam { rank: r.rank, what: "qpn", value: r.qpn });
+        }
+        if r.start_psn > MAX_24BIT {
+            return Err(CompileError::BadHostParam {
+                rank: r.rank,
+                what: "start_psn",
+                value: r.start_psn,
+            });
+        }
+        host_of_rank.push(h);
+    }
+
+    // Ranks below each switch (sorted, since ranks are visited in order).
+    let ns = topo.switches.len();
+    let mut below: Vec<Vec<u16>> = vec![Vec::new(); ns];
+    for (rank, &h) in host_of_rank.iter().enumerate() {
+        let mut s = topo.hosts[h].attach.switch;
+        loop {
+            below[s].push(rank as u16);
+            match topo.tree[s].parent {
+                Some((p, _, _)) => s = p,
+                None => break,
+            }
+        }
+    }
+    // The spanning tree of exactly these hosts is rooted at their lowest common
+    // ancestor: walk down while a single child holds every rank.
+    let mut lca = topo.root;
+    loop {
+        let direct = topo.tree[lca].hosts.iter().any(|h| seen.contains_key(h));
+        let busy: Vec<usize> =
+            topo.tree[lca].children.iter().map(|c| c.0).filter(|&c| !below[c].is_empty()).collect();
+        if !direct && busy.len() == 1 {
+            lca = busy[0];
+        } else {
+            break;
+        }
+    }
+
+    let mut rng = ChaCha8Rng::seed_from_u64(
+        seed ^ u64::from(spec.comm_id).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    let mut record = CommAlloc::default();
+    // Pre-allocated parent-side connection of each switch, filled when its parent is
+    // processed so both ends agree.
+    let mut up_conn: HashMap<usize, ConnectionRule> = HashMap::new();
+    let mut rules = Vec::new();
+    let mut endpoints: Vec<Option<HostEndpoint>> = vec![None; n];
+    let mut order = vec![lca];
+    let mut i = 0;
+    while i < order.len() {
+        let s = order[i];
+        i += 1;
+        let sw = &topo.switches[s];
+        let mut qpns = Vec::new();
+        let mut conns = Vec::new();
+        let parent = if s == lca {
+            None
+        } else {
+            let c = up_conn.remove(&s).expect("parent processed first");
+            qpns.push(c.local_qpn);
+            conns.push(c);
+            Some(0)
+        };
+        let mut kids: Vec<(usize, usize, usize)> =
+            topo.tree[s].children.iter().copied().filter(|c| !below[c.0].is_empty()).collect();
+        kids.sort_by_key(|c| topo.switches[c.0].id);
+        for (c, lp, cp) in kids {
+            let child = &topo.switches[c];
+            let (lport, cport) = (&sw.ports[lp], &child.ports[cp]);
+            let my_qpn = alloc.alloc_qpn(sw.id, &sw.name)?;
+            let child_qpn = alloc.alloc_qpn(child.id, &child.name)?;
+            let (my_psn, child_psn) = (draw_psn(&mut rng, window), draw_psn(&mut rng, window));
+            qpns.push(my_qpn);
+            conns.push(ConnectionRule {
+                port: lport.name.clone(),
+                local_ip: lport.addr.ip,
+                local_mac: lport.mac,
+                local_qpn: my_qpn,
+                local_udp_port: udp_port_for_qpn(my_qpn),
+                local_start_psn: my_psn,
+                peer: Peer::Switch { switch_id: child.id },
+                peer_ip: cport.addr.ip,
+                peer_mac: Some(cport.mac),
+                peer_qpn: child_qpn,
+                peer_udp_port: ROCE_UDP_PORT,
+                peer_start_psn: child_psn,
+                ranks: below[c].clone(),
+            });
+            let mut above: Vec<u16> =
+                (0..n as u16).filter(|r| below[c].binary_search(r).is_err()).collect();
+            above.sort_unstable();
+            up_conn.insert(
+                c,
+                ConnectionRule {
+                    port: cport.name.clone(),
+                    local_ip: cport.addr.ip,
+                    local_mac: cport.mac,
+                    local_qpn: child_qpn,
+                    local_udp_port: udp_port_for_qpn(child_qpn),
+                    local_start_psn: child_psn,
+                    peer: Peer::Switch { switch_id: sw.id },
+                    peer_ip: lport.addr.ip,
+                    peer_mac: Some(lport.mac),
+                    peer_qpn: my_qpn,
+                    peer_udp_port: ROCE_UDP_PORT,
+                    peer_start_psn: my_psn,
+                    ranks: above,
+                },
+            );
+            order.push(c);
+        }
+        // Hosts attached here, by rank.
+        for (rank, &h) in host_of_rank.iter().enumerate() {
+            let host = &topo.hosts[h];
+            if host.attach.switch != s {
+                continue;
+            }
+            let r = ranks[rank];
+            let port = &sw.ports[host.attach.port];
+            let q = alloc.alloc_qpn(sw.id, &sw.name)?;
+            let psn = draw_psn(&mut rng, window);
+            qpns.push(q);
+            conns.push(ConnectionRule {
+                port: port.name.clone(),
+                local_ip: port.addr.ip,
+                local_mac: port.mac,
+                local_qpn: q,
+                local_udp_port: udp_port_for_qpn(q),
+                local_start_psn: psn,
+                peer: Peer::Host { rank: rank as u16 },
+                peer_ip: r.ip,
+                peer_mac: r.mac.or(host.mac),
+                peer_qpn: r.qpn,
+                peer_udp_port: r.udp_port,
+                peer_start_psn: r.start_psn,
+                ranks: vec![rank as u16],
+            });
+            endpoints[rank] = Some(HostEndpoint {
+                rank: rank as u16,
+                comm_id: spec.comm_id,
+                switch_id: sw.id,
+                switch_port: port.name.clone(),
+                switch_ip: port.addr.ip,
+                switch_mac: port.mac,
+                switch_qpn: q,
+                switch_udp_port: udp_port_for_qpn(q),
+                switch_start_psn: psn,
+                host_qpn: r.qpn,
+                host_start_psn: r.start_psn,
+                host_udp_port: r.udp_port,
+                mtu,
+                window,
+                gid: ipv4_gid(port.addr.ip),
+            });
+        }
+        let slots = window * 2;
+        let slot_base = alloc.alloc_slots(sw.id, &sw.name, slots, sw.max_slots)?;
+        record.parts.push((sw.id, qpns, Some(slot_base)));
+        rules.push(SwitchRules {
+            comm_id: spec.comm_id,
+            switch_id: sw.id,
+            world_size: n as u16,
+            mtu,
+            window,
+            slots,
+            slot_base,
+            parent,
+            connections: conns,
+        });
+    }
+    alloc.comms.insert(spec.comm_id, record);
+    let endpoints = endpoints.into_iter().map(|e| e.expect("every rank has a host")).collect();
+    Ok(Compiled { comm_id: spec.comm_id, root_switch: topo.switches[lca].id, rules, endpoints })
+}
+
+/// Human-readable routes of a compiled communicator for a Reduce or Broadcast rooted
+/// at `root_rank` (AllReduce uses the tree as compiled): per switch, where data for
+/// the root goes (`up`) and where a broadcast from it fans out (`down`).
+pub fn describe_routes(c: &Compiled, root_rank: u16) -> String {
+    let mut out = String::new();
+    let name = |r: &SwitchRules, i: usize| -> String {
+        let conn = &r.connections[i];
+        match conn.peer {
+            Peer::Host { rank } => format!("{}(rank {rank})", conn.port),
+            Peer::Switch { switch_id } => format!("{}(switch {switch_id})", conn.port),
+        }
+    };
+    for r in &c.rules {
+        let Some(to_root) = r.connection_for_rank(root_rank) else {
+            let _ = writeln!(out, "switch {}: rank {root_rank} unreachable", r.switch_id);
+            continue;
+        };
+        let down: Vec<String> =
+            (0..r.connections.len()).filter(|&i| i != to_root).map(|i| name(r, i)).collect();
+        let _ = writeln!(
+            out,
+            "switch {}: reduce-to {} <- [{}]; broadcast-from {} -> [{}]",
+            r.switch_id,
+            name(r, to_root),
+            down.join(", "),
+            name(r, to_root),
+            down.join(", ")
+        );
+    }
+    out
+}

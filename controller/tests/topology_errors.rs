@@ -1,0 +1,157 @@
+//! Validation errors name the file, line/column and element.
+
+use inc_controller::Topology;
+
+const GOOD: &str = r#"name: t
+controller:
+  address: 10.0.0.1:7000
+root: a
+switches:
+  - id: 0
+    name: a
+    ports:
+      - { name: d, ip: 172.16.0.1/30 }
+      - { name: h0, ip: 10.1.1.1/24 }
+  - id: 1
+    name: b
+    ports:
+      - { name: up, ip: 172.16.0.2/30 }
+      - { name: h1, ip: 10.2.1.1/24 }
+links:
+  - { a: "a:d", b: "b:up" }
+hosts:
+  - { name: h0, ip: 10.1.1.10/24, attach: "a:h0" }
+  - { name: h1, ip: 10.2.1.10/24, mac: "02:aa:00:00:00:01", attach: "b:h1" }
+"#;
+
+/// Apply a textual edit to GOOD and return the single-line rendering of all issues.
+fn errors(from: &str, to: &str) -> String {
+    assert!(GOOD.contains(from), "edit anchor `{from}` missing");
+    let text = GOOD.replacen(from, to, 1);
+    match Topology::parse("t.yaml", &text) {
+        Ok(_) => panic!("expected an error after replacing `{from}` with `{to}`"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn good_parses() {
+    let t = Topology::parse("t.yaml", GOOD).unwrap();
+    assert_eq!(t.switches.len(), 2);
+    assert_eq!(t.hosts[0].mac.unwrap().to_string(), "02:00:0a:01:01:0a");
+    assert_eq!(t.switches[0].mgmt.to_string(), "10.0.0.2");
+    assert_eq!(t.hosts[1].mgmt.to_string(), "10.0.0.5");
+}
+
+#[test]
+fn unknown_field() {
+    let e = errors("    name: b\n", "    name: b\n    colour: red\n");
+    assert!(e.starts_with("t.yaml:13:"), "{e}");
+    assert!(e.contains("colour"), "{e}");
+    assert!(e.contains("switches[1]"), "{e}");
+}
+
+#[test]
+fn yaml_syntax_error_has_position() {
+    let e = errors("links:\n", "links: [\n");
+    assert!(e.starts_with("t.yaml:"), "{e}");
+}
+
+#[test]
+fn duplicate_name_ip_mac() {
+    let e = errors("name: h1, ip: 10.2.1.10/24", "name: h0, ip: 10.2.1.10/24");
+    assert!(
+        e.contains("t.yaml:20:") && e.contains("host h0") && e.contains("duplicate name"),
+        "{e}"
+    );
+    let e = errors("ip: 10.2.1.10/24", "ip: 10.2.1.1/24");
+    assert!(e.contains("t.yaml:20:") && e.contains("duplicate IP 10.2.1.1"), "{e}");
+    let e = errors("02:aa:00:00:00:01", "02:00:0a:01:01:0a");
+    assert!(e.contains("duplicate MAC 02:00:0a:01:01:0a"), "{e}");
+    let e = errors("  - id: 1\n", "  - id: 0\n");
+    assert!(e.contains("duplicate switch id 0"), "{e}");
+}
+
+#[test]
+fn dangling_links() {
+    let e = errors("b: \"b:up\"", "b: \"c:up\"");
+    assert!(e.contains("t.yaml:17:") && e.contains("no switch `c`"), "{e}");
+    let e = errors("b: \"b:up\"", "b: \"b:nope\"");
+    assert!(e.contains("has no port `nope`"), "{e}");
+    let e = errors("attach: \"a:h0\"", "attach: \"a:zz\"");
+    assert!(e.contains("host h0") && e.contains("no port `zz`"), "{e}");
+}
+
+#[test]
+fn cycles_and_unreachable() {
+    // A second link between a and b closes a cycle.
+    let text = GOOD
+        .replace(
+            "      - { name: h0, ip: 10.1.1.1/24 }",
+            "      - { name: h0, ip: 10.1.1.1/24 }\n      - { name: d2, ip: 172.16.1.1/30 }",
+        )
+        .replace(
+            "      - { name: h1, ip: 10.2.1.1/24 }",
+            "      - { name: h1, ip: 10.2.1.1/24 }\n      - { name: up2, ip: 172.16.1.2/30 }",
+        )
+        .replace("links:\n", "links:\n  - { a: \"a:d2\", b: \"b:up2\" }\n");
+    let e = Topology::parse("t.yaml", &text).unwrap_err().to_string();
+    assert!(e.contains("cycle"), "{e}");
+    let e = errors("  - { a: \"a:d\", b: \"b:up\" }\n", "");
+    assert!(e.contains("switch b") && e.contains("unreachable from the root"), "{e}");
+}
+
+#[test]
+fn host_attached_twice() {
+    let e = errors("attach: \"b:h1\"", "attach: \"a:h0\"");
+    assert!(e.contains("host h1") && e.contains("already used by host h0"), "{e}");
+    let e = errors(
+        "  - { name: h1, ip: 10.2.1.10/24",
+        "  - { name: h0, ip: 10.1.1.10/24, attach: \"a:h0\" }\n  - { name: h1, ip: 10.2.1.10/24",
+    );
+    assert!(e.contains("host attached twice"), "{e}");
+}
+
+#[test]
+fn subnets() {
+    let e = errors("ip: 172.16.0.2/30", "ip: 172.16.0.6/30");
+    assert!(e.contains("not in the same subnet"), "{e}");
+    let text = GOOD
+        .replace("ip: 10.2.1.1/24 }", "ip: 172.16.0.5/24 }")
+        .replace("10.2.1.10/24", "172.16.0.10/24");
+    let e = Topology::parse("t.yaml", &text).unwrap_err().to_string();
+    assert!(e.contains("host h1 link: subnet 172.16.0.0/24 overlaps link a:d -- b:up"), "{e}");
+    let e = errors("ip: 10.1.1.10/24", "ip: 10.9.1.10/24");
+    assert!(e.contains("not in the subnet of port"), "{e}");
+}
+
+#[test]
+fn invalid_addresses() {
+    for (from, to, want) in [
+        ("ip: 10.1.1.10/24", "ip: 10.1.1.300/24", "invalid IPv4"),
+        ("ip: 10.1.1.10/24", "ip: 10.1.1.10", "IP/prefix"),
+        ("ip: 10.1.1.10/24", "ip: 10.1.1.255/24", "broadcast"),
+        ("ip: 10.1.1.10/24", "ip: 224.0.0.1/24", "unicast"),
+        ("address: 10.0.0.1:7000", "address: nowhere", "IPv4:port"),
+        ("02:aa:00:00:00:01", "02:aa:00:00:01", "invalid MAC"),
+        ("02:aa:00:00:00:01", "01:aa:00:00:00:01", "not a unicast"),
+    ] {
+        let e = errors(from, to);
+        assert!(e.contains(want), "{from} -> {to}: {e}");
+        assert!(e.starts_with("t.yaml:"), "{e}");
+    }
+}
+
+#[test]
+fn shipped_topologies_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../topologies");
+    let mut n = 0;
+    for f in std::fs::read_dir(dir).unwrap() {
+        let p = f.unwrap().path();
+        if p.extension().is_some_and(|e| e == "yaml") {
+            Topology::load(&p).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
+    }
+    assert!(n >= 3);
+}
