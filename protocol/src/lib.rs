@@ -1,1 +1,23 @@
-//! inc-protocol
+//! Sans-IO building blocks shared by the INC switch engine and the INCCL host engine.
+//!
+//! - [`Time`]: the clock engines are driven with.
+//! - [`RcConnection`]: one RoCEv2 Reliable Connection endpoint (requester with
+//!   go-back-N, adaptive timeout and RNR handling; responder with ePSN/MSN tracking,
+//!   coalesced ACKs, one NAK per gap and RNR NAKs).
+//! - [`RttEstimator`]: `RTO = SRTT + 4 RTTVAR`, floor, backoff.
+//! - [`coll`]: the INC collective control header and chunk arithmetic shared by
+//!   switch and host.
+//!
+//! No sockets, threads or clocks: callers pass bytes and `now`, and get frames and
+//! the next deadline back.
+
+pub mod coll;
+pub mod frame;
+mod rc;
+mod rtt;
+mod time;
+
+pub use frame::RcAddressing;
+pub use rc::{Inbound, RcConfig, RcConnection, RcCounters, RcFailure, RcTimers, SendError};
+pub use rtt::RttEstimator;
+pub use time::{earliest, Time};
