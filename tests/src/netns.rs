@@ -1,0 +1,214 @@
+//! End-to-end harness over network namespaces.
+//!
+//! Each test runs `scripts/demo` (the same orchestration a person uses) with its own
+//! namespace prefix, a bounded time, and a guard that always tears the namespaces down
+//! and checks nothing is left behind. Tests skip, with a message, when not root or when
+//! `ip netns` or the release binaries are unavailable.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Binaries the end-to-end tests need in the binary directory.
+pub const BINARIES: [&str; 2] = ["inc-switch", "inc-controller"];
+
+/// Workspace root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// Directory of the release binaries: `$INC_BIN_DIR` or `target/release`.
+pub fn bin_dir() -> PathBuf {
+    match std::env::var_os("INC_BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| repo_root().join("target"));
+            target.join("release")
+        }
+    }
+}
+
+fn is_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+}
+
+/// Why end-to-end tests cannot run here, if they cannot.
+pub fn skip_reason(extra_bins: &[&str]) -> Option<String> {
+    if !is_root() {
+        return Some("not root (network namespaces need root)".into());
+    }
+    let ok = Command::new("ip")
+        .args(["netns", "list"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        return Some("`ip netns` is unavailable".into());
+    }
+    let dir = bin_dir();
+    let missing: Vec<&str> =
+        BINARIES.iter().chain(extra_bins).copied().filter(|b| !dir.join(b).is_file()).collect();
+    if !missing.is_empty() {
+        return Some(format!(
+            "binaries {missing:?} not in {} (run `cargo build --release --bins` first, or set INC_BIN_DIR)",
+            dir.display()
+        ));
+    }
+    None
+}
+
+/// A short namespace prefix unique to this test process and tag.
+pub fn unique_prefix(tag: &str) -> String {
+    format!("t{}{}-", std::process::id() % 100_000, tag)
+}
+
+/// Names of existing network namespaces that start with `prefix`.
+pub fn namespaces_with_prefix(prefix: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Tears the namespaces of a prefix down when dropped, whatever happened.
+#[derive(Debug)]
+pub struct TeardownGuard {
+    prefix: String,
+}
+
+impl TeardownGuard {
+    /// Guard for `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        TeardownGuard { prefix: prefix.to_string() }
+    }
+}
+
+impl Drop for TeardownGuard {
+    fn drop(&mut self) {
+        let script = repo_root().join("scripts/netns-down");
+        let _ = Command::new(script)
+            .args(["--prefix", &self.prefix])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        // Anything the script missed (e.g. it is broken) is removed here.
+        for ns in namespaces_with_prefix(&self.prefix) {
+            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        }
+    }
+}
+
+/// Outcome of one `scripts/demo` run.
+#[derive(Debug)]
+pub struct DemoOutcome {
+    /// Exit status (`None` if it had to be killed at the deadline).
+    pub status: Option<ExitStatus>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl DemoOutcome {
+    /// True if the demo exited 0.
+    pub fn success(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    /// Everything printed, for assertion messages.
+    pub fn transcript(&self) -> String {
+        format!(
+            "status: {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Run `scripts/demo --no-build --prefix P ARGS...` with a deadline; on timeout the
+/// whole process group gets SIGTERM (the script's trap tears down), then SIGKILL.
+pub fn run_demo(prefix: &str, args: &[&str], deadline: Duration) -> DemoOutcome {
+    let _guard = TeardownGuard::new(prefix);
+    let root = repo_root();
+    let mut child = Command::new(root.join("scripts/demo"))
+        .args(["--no-build", "--prefix", prefix])
+        .args(args)
+        .env("INC_BIN_DIR", bin_dir())
+        .current_dir(&root)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("cannot start scripts/demo");
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let pgid = child.id().to_string();
+    let mut status = None;
+    let mut termed = false;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            if !termed {
+                status = Some(s);
+            }
+            break;
+        }
+        let elapsed = start.elapsed();
+        if elapsed > deadline && !termed {
+            let _ = Command::new("kill").args(["-TERM", "--", &format!("-{pgid}")]).status();
+            termed = true;
+        }
+        if elapsed > deadline + Duration::from_secs(20) {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status();
+            let _ = child.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    DemoOutcome {
+        status,
+        stdout: out_t.join().unwrap_or_default(),
+        stderr: err_t.join().unwrap_or_default(),
+    }
+}
+
+/// Processes whose command line mentions `prefix` (switches, controller, hosts of a run).
+pub fn processes_with_prefix(prefix: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .filter(|e| e.file_name().to_string_lossy() != me)
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains(prefix).then(|| format!("{}: {cmd}", e.file_name().to_string_lossy()))
+        })
+        .collect()
+}
+
+/// Assert that a finished run left no namespace or process of `prefix` behind.
+pub fn assert_clean(prefix: &str) {
+    let left = namespaces_with_prefix(prefix);
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    let procs = processes_with_prefix(prefix);
+    assert!(procs.is_empty(), "processes left behind: {procs:?}");
+}
