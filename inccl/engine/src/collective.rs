@@ -1,0 +1,372 @@
+//! The message-level collective state machine: no PSNs, no ACKs.
+//!
+//! Used directly by the ibverbs transport (the NIC provides RC) and wrapped by
+//! [`HostEngine`](crate::HostEngine) for the userspace RoCEv2 transport.
+
+use inc_protocol::coll::{self, CollOp, CtrlMsg, ErrorCode, MsgKind};
+use inc_wire::{reduce, IncImm, Primitive};
+
+use crate::{CollectiveKind, CollectiveSpec, HostError, OpBuffers};
+
+/// One message to send: the immediate (control messages) and the payload length written
+/// into the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutMessage {
+    /// Immediate data: `Some` for control messages (SEND_ONLY_WITH_IMM), `None` for data.
+    pub imm: Option<u32>,
+    /// Payload bytes written.
+    pub len: usize,
+}
+
+/// Whether an incoming message was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Consumed (possibly discarded as stale, see counters).
+    Accepted,
+    /// Data arrived while no collective that expects it is running: the RC layer
+    /// answers with an RNR NAK and the switch resends later.
+    NotReady,
+}
+
+/// Message-level counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CollectiveCounters {
+    /// Collectives started.
+    pub started: u64,
+    /// Collectives completed successfully.
+    pub completed: u64,
+    /// Collectives failed.
+    pub failed: u64,
+    /// Control messages sent.
+    pub tx_control: u64,
+    /// Data chunks sent.
+    pub tx_chunks: u64,
+    /// Result/broadcast chunks received.
+    pub rx_chunks: u64,
+    /// Progress messages received.
+    pub rx_progress: u64,
+    /// Messages refused because nothing expected them yet.
+    pub not_ready: u64,
+    /// Messages for another or no collective, or malformed control messages (dropped).
+    pub rx_unexpected: u64,
+}
+
+/// Configuration of [`HostCollective`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollectiveConfig {
+    /// This rank.
+    pub rank: u16,
+    /// Ranks in the communicator.
+    pub world_size: u16,
+    /// Payload bytes per chunk (256..=4096, a multiple of 4).
+    pub mtu: usize,
+    /// W: chunks this host keeps outstanding.
+    pub window: u32,
+}
+
+#[derive(Debug)]
+struct Active {
+    spec: CollectiveSpec,
+    op: CollOp,
+    seq: u32,
+    start_pos: u64,
+    chunks: u64,
+    bytes: u64,
+    start_sent: bool,
+    sends_data: bool,
+    /// Completion comes from result chunks (else from progress messages).
+    gets_data: bool,
+    next_send: u64,
+    /// Chunks complete end to end (results received or progress reported).
+    completed: u64,
+}
+
+/// The collective state machine of one rank in one communicator.
+#[derive(Debug)]
+pub struct HostCollective {
+    cfg: CollectiveConfig,
+    seq: u32,
+    next_pos: u64,
+    active: Option<Active>,
+    done: Option<Result<(), HostError>>,
+    counters: CollectiveCounters,
+}
+
+impl HostCollective {
+    /// A state machine at the start of the communicator's stream.
+    pub fn new(cfg: CollectiveConfig) -> Self {
+        HostCollective {
+            cfg,
+            seq: 0,
+            next_pos: 0,
+            active: None,
+            done: None,
+            counters: CollectiveCounters::default(),
+        }
+    }
+
+    /// Configuration.
+    pub fn config(&self) -> &CollectiveConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &CollectiveCounters {
+        &self.counters
+    }
+
+    /// Sequence number of the running (or next) collective.
+    pub fn seq(&self) -> u32 {
+        self.active.as_ref().map_or(self.seq, |a| a.seq)
+    }
+
+    /// True while a collective runs.
+    pub fn is_active(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// Chunks complete / total of the running collective.
+    pub fn progress(&self) -> Option<(u64, u64)> {
+        self.active.as_ref().map(|a| (a.completed, a.chunks))
+    }
+
+    /// Receive buffers (of `mtu` bytes, or [`coll::HEADER_LEN`] if larger) a verbs host
+    /// must keep posted so the switch never meets an RNR in steady state.
+    pub fn recv_depth(&self) -> u32 {
+        2 * self.cfg.window + 8
+    }
+
+    /// Starts a collective. Fails if one is running or the spec is invalid.
+    pub fn start(&mut self, spec: CollectiveSpec) -> Result<(), HostError> {
+        if let Some(a) = &self.active {
+            return Err(HostError::Busy { seq: a.seq });
+        }
+        self.done = None;
+        let (primitive, root) = match spec.kind {
+            CollectiveKind::AllReduce | CollectiveKind::Barrier => {
+                (Primitive::AllReduce, IncImm::ALL_RANKS)
+            }
+            CollectiveKind::Reduce { root } => (Primitive::Reduce, root),
+            CollectiveKind::Broadcast { root } => (Primitive::Broadcast, root),
+        };
+        if root != IncImm::ALL_RANKS && root >= self.cfg.world_size {
+            return Err(HostError::InvalidSpec(format!(
+                "root rank {root} is not in the communicator (world size {})",
+                self.cfg.world_size
+            )));
+        }
+        let barrier = matches!(spec.kind, CollectiveKind::Barrier);
+        let operator = if barrier { inc_wire::Operator::Barrier } else { spec.op };
+        if !barrier && operator == inc_wire::Operator::Barrier {
+            return Err(HostError::InvalidSpec(
+                "operator Barrier is only valid for a barrier".into(),
+            ));
+        }
+        let count = if barrier { 0 } else { spec.count };
+        let elem = spec.dtype.size() as u64;
+        let bytes = count
+            .checked_mul(elem)
+            .ok_or_else(|| HostError::InvalidSpec(format!("count {count} overflows")))?;
+        let chunks = coll::chunk_count(count, elem as usize, self.cfg.mtu);
+        let op = CollOp { primitive, operator, datatype: spec.dtype, root };
+        let me = self.cfg.rank;
+        let (sends_data, gets_data) = match spec.kind {
+            CollectiveKind::AllReduce | CollectiveKind::Barrier => (true, true),
+            CollectiveKind::Reduce { root } => (true, root == me),
+            CollectiveKind::Broadcast { root } => (root == me, root != me),
+        };
+        self.counters.started += 1;
+        self.active = Some(Active {
+            spec: CollectiveSpec { count, ..spec },
+            op,
+            seq: self.seq,
+            start_pos: self.next_pos,
+            chunks,
+            bytes,
+            start_sent: false,
+            sends_data,
+            gets_data,
+            next_send: 0,
+            completed: 0,
+        });
+        Ok(())
+    }
+
+    /// Writes the next message to send into `out` (at least `mtu` bytes), if the window
+    /// allows one.
+    pub fn poll_send(&mut self, bufs: &OpBuffers<'_>, out: &mut [u8]) -> Option<OutMessage> {
+        let a = self.active.as_mut()?;
+        if !a.start_sent {
+            let msg = CtrlMsg::Start {
+                seq: a.seq,
+                count: a.spec.count,
+                start_pos: a.start_pos,
+                chunks: a.chunks,
+                rank: self.cfg.rank,
+            };
+            msg.emit(out);
+            a.start_sent = true;
+            self.counters.tx_control += 1;
+            return Some(OutMessage { imm: Some(a.op.imm(MsgKind::Start)), len: coll::HEADER_LEN });
+        }
+        if !a.sends_data
+            || a.next_send >= a.chunks
+            || a.next_send >= a.completed + u64::from(self.cfg.window)
+        {
+            return None;
+        }
+        let (off, len) = coll::chunk_range(a.next_send, a.bytes, self.cfg.mtu);
+        if len > 0 {
+            let src = match bufs {
+                OpBuffers::Separate { src, .. } | OpBuffers::SendOnly(src) => &src[..],
+                OpBuffers::InPlace(b) => &b[..],
+                _ => &[][..],
+            };
+            let Some(chunk) = usize::try_from(off).ok().and_then(|o| src.get(o..o + len)) else {
+                let need = a.bytes;
+                self.fail(HostError::Buffer { what: "send buffer", need, have: src.len() as u64 });
+                return None;
+            };
+            reduce::to_network(a.spec.dtype, chunk, &mut out[..len]);
+        }
+        a.next_send += 1;
+        self.counters.tx_chunks += 1;
+        Some(OutMessage { imm: None, len })
+    }
+
+    /// Handles one received message (immediate and payload).
+    pub fn handle_message(
+        &mut self,
+        imm: Option<u32>,
+        payload: &[u8],
+        bufs: &mut OpBuffers<'_>,
+    ) -> Delivery {
+        match imm {
+            Some(imm) => {
+                self.handle_control(imm, payload);
+                Delivery::Accepted
+            }
+            None => self.handle_data(payload, bufs),
+        }
+    }
+
+    fn handle_control(&mut self, imm: u32, payload: &[u8]) {
+        let Ok((_, msg)) = CtrlMsg::parse(imm, payload) else {
+            self.counters.rx_unexpected += 1;
+            return;
+        };
+        let Some(a) = self.active.as_mut() else {
+            self.counters.rx_unexpected += 1;
+            return;
+        };
+        if msg.seq() != a.seq {
+            self.counters.rx_unexpected += 1;
+            return;
+        }
+        match msg {
+            CtrlMsg::Progress { completed, .. } if !a.gets_data => {
+                self.counters.rx_progress += 1;
+                a.completed = a.completed.max(completed.min(a.chunks));
+                self.check_done();
+            }
+            CtrlMsg::Error { seq, code, fields, rank_a, rank_b } => {
+                let e = match code {
+                    ErrorCode::Mismatch => HostError::Mismatch {
+                        seq,
+                        fields: coll::field::names(fields),
+                        rank_a,
+                        rank_b,
+                    },
+                    ErrorCode::ConnectionFailed => HostError::Remote {
+                        seq,
+                        reason: format!("an RC connection towards rank {rank_a} failed"),
+                    },
+                    ErrorCode::Protocol => HostError::Remote {
+                        seq,
+                        reason: format!("protocol violation reported near rank {rank_a}"),
+                    },
+                };
+                self.fail(e);
+            }
+            _ => self.counters.rx_unexpected += 1,
+        }
+    }
+
+    fn handle_data(&mut self, payload: &[u8], bufs: &mut OpBuffers<'_>) -> Delivery {
+        let Some(a) = self.active.as_mut() else {
+            self.counters.not_ready += 1;
+            return Delivery::NotReady;
+        };
+        if !a.gets_data || a.completed >= a.chunks {
+            // Nothing of this collective is data for us: it belongs to the next one.
+            self.counters.not_ready += 1;
+            return Delivery::NotReady;
+        }
+        let (off, len) = coll::chunk_range(a.completed, a.bytes, self.cfg.mtu);
+        if payload.len() != len {
+            let e = HostError::Protocol(format!(
+                "chunk {} of collective {} has {} bytes, expected {len}",
+                a.completed,
+                a.seq,
+                payload.len()
+            ));
+            self.fail(e);
+            return Delivery::Accepted;
+        }
+        if len > 0 {
+            let dst: &mut [u8] = match bufs {
+                OpBuffers::Separate { dst, .. } | OpBuffers::RecvOnly(dst) => dst,
+                OpBuffers::InPlace(b) => b,
+                _ => &mut [],
+            };
+            let have = dst.len() as u64;
+            let Some(out) = usize::try_from(off).ok().and_then(|o| dst.get_mut(o..o + len)) else {
+                let need = a.bytes;
+                self.fail(HostError::Buffer { what: "receive buffer", need, have });
+                return Delivery::Accepted;
+            };
+            reduce::from_network(a.spec.dtype, payload, out);
+        }
+        a.completed += 1;
+        self.counters.rx_chunks += 1;
+        self.check_done();
+        Delivery::Accepted
+    }
+
+    fn check_done(&mut self) {
+        if let Some(a) = &self.active {
+            if a.start_sent && a.completed >= a.chunks && (!a.sends_data || a.next_send >= a.chunks)
+            {
+                self.finish(Ok(()));
+            }
+        }
+    }
+
+    fn finish(&mut self, r: Result<(), HostError>) {
+        if let Some(a) = self.active.take() {
+            // The stream advances by this collective's chunks whatever the outcome, so
+            // later collectives stay aligned when only the operation disagreed.
+            self.seq = a.seq.wrapping_add(1);
+            self.next_pos = a.start_pos + a.chunks;
+            match &r {
+                Ok(()) => self.counters.completed += 1,
+                Err(e) => {
+                    tracing::warn!(rank = self.cfg.rank, seq = a.seq, "collective failed: {e}");
+                    self.counters.failed += 1;
+                }
+            }
+            self.done = Some(r);
+        }
+    }
+
+    /// Fails the running collective with `e` (used by the RC layer for timeouts and
+    /// connection failures).
+    pub fn fail(&mut self, e: HostError) {
+        self.finish(Err(e));
+    }
+
+    /// The outcome of the last collective, once.
+    pub fn poll_completion(&mut self) -> Option<Result<(), HostError>> {
+        self.done.take()
+    }
+}

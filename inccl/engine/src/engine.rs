@@ -1,0 +1,248 @@
+//! [`HostEngine`]: [`HostCollective`] over a software RC QP, frames in and out.
+
+use std::time::Duration;
+
+use inc_protocol::{
+    earliest, frame, Inbound, RcAddressing, RcConfig, RcConnection, RcCounters, RcTimers, Time,
+};
+use inc_wire::{Opcode, Psn};
+
+use crate::collective::{CollectiveConfig, CollectiveCounters, Delivery, HostCollective};
+use crate::{CollectiveSpec, HostError, HostQpConfig, OpBuffers};
+
+/// Tunables of a [`HostEngine`] beyond [`HostQpConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostOptions {
+    /// RC timers.
+    pub timers: RcTimers,
+    /// A running collective fails with [`HostError::Timeout`] after this long without
+    /// progress (no ACK advancing, no message accepted).
+    pub progress_timeout: Duration,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions { timers: RcTimers::default(), progress_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// Host counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HostCounters {
+    /// The RC QP.
+    pub rc: RcCounters,
+    /// The collective layer.
+    pub collective: CollectiveCounters,
+    /// Frames handed in.
+    pub rx_frames: u64,
+    /// Frames handed out.
+    pub tx_frames: u64,
+    /// Frames that are not RoCEv2 or are malformed (dropped).
+    pub rx_malformed: u64,
+    /// Frames with a bad ICRC (dropped).
+    pub rx_bad_icrc: u64,
+    /// Frames for another QP or from another peer (dropped).
+    pub rx_wrong_qp: u64,
+    /// RC opcodes other than SEND_ONLY[_WITH_IMM] and ACK (dropped).
+    pub rx_unsupported: u64,
+    /// Collectives failed by the progress timeout.
+    pub progress_timeouts: u64,
+}
+
+/// The sans-IO host: one RC QP to the leaf switch for one (communicator, rank).
+#[derive(Debug)]
+pub struct HostEngine {
+    cfg: HostQpConfig,
+    opts: HostOptions,
+    coll: HostCollective,
+    rc: RcConnection,
+    scratch: Vec<u8>,
+    parse_scratch: Vec<u8>,
+    last_progress: Time,
+    counters: HostCounters,
+}
+
+impl HostEngine {
+    /// A host QP in RTS state with default options.
+    pub fn new(config: HostQpConfig) -> Self {
+        Self::with_options(config, HostOptions::default())
+    }
+
+    /// A host QP with explicit options.
+    pub fn with_options(config: HostQpConfig, opts: HostOptions) -> Self {
+        let mtu = usize::from(config.mtu).clamp(256, 4096) & !3;
+        let window = config.window.max(1);
+        let addr = RcAddressing {
+            local_mac: config.local_mac,
+            local_ip: config.local_ip,
+            local_udp_port: config.local_udp_port,
+            local_qpn: config.local_qpn,
+            peer_mac: Some(config.switch_mac),
+            peer_ip: config.switch_ip,
+            // Switches listen on the RoCEv2 port; `switch_udp_port` is their source port.
+            peer_udp_port: inc_wire::ROCEV2_PORT,
+            peer_qpn: config.switch_qpn,
+        };
+        let rc = RcConnection::new(RcConfig {
+            addr,
+            send_start_psn: Psn::new(config.local_start_psn),
+            recv_start_psn: Psn::new(config.switch_start_psn),
+            max_payload: mtu.max(inc_protocol::coll::HEADER_LEN),
+            // W data chunks plus the control message.
+            send_queue: window as usize + 2,
+            timers: opts.timers,
+        });
+        let coll = HostCollective::new(CollectiveConfig {
+            rank: config.rank,
+            world_size: config.world_size,
+            mtu,
+            window,
+        });
+        HostEngine {
+            cfg: config,
+            opts,
+            coll,
+            rc,
+            scratch: vec![0; mtu.max(inc_protocol::coll::HEADER_LEN)],
+            parse_scratch: Vec::new(),
+            last_progress: Time::ZERO,
+            counters: HostCounters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HostQpConfig {
+        &self.cfg
+    }
+
+    /// The message-level state machine (read-only).
+    pub fn collective(&self) -> &HostCollective {
+        &self.coll
+    }
+
+    /// Starts a collective; drive it with the other methods until
+    /// [`poll_completion`](Self::poll_completion) yields.
+    pub fn start(&mut self, now: Time, spec: CollectiveSpec) -> Result<(), HostError> {
+        if let Some(f) = self.rc.failure() {
+            return Err(HostError::ConnectionFailed {
+                psn: f.psn().value(),
+                reason: f.to_string(),
+            });
+        }
+        self.coll.start(spec)?;
+        self.last_progress = now;
+        Ok(())
+    }
+
+    /// Handles one received Ethernet frame.
+    pub fn handle_frame(&mut self, now: Time, frame: &[u8], bufs: &mut OpBuffers<'_>) {
+        self.counters.rx_frames += 1;
+        let parsed = match frame::parse_any_port(frame, &mut self.parse_scratch) {
+            Ok(p) => p,
+            Err(_) => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        if !parsed.icrc_ok {
+            self.counters.rx_bad_icrc += 1;
+            return;
+        }
+        let r = &parsed.repr;
+        if r.bth.dest_qp != self.cfg.local_qpn || r.ip_src != self.cfg.switch_ip {
+            self.counters.rx_wrong_qp += 1;
+            return;
+        }
+        match r.bth.opcode {
+            Opcode::RcAcknowledge | Opcode::RcSendOnly | Opcode::RcSendOnlyWithImmediate => {}
+            _ => {
+                self.counters.rx_unsupported += 1;
+                return;
+            }
+        }
+        let before = self.rc.oldest_unacked();
+        match self.rc.on_packet(now, &r.bth, r.ext.aeth.as_ref()) {
+            Inbound::Request => match self.coll.handle_message(r.ext.imm, parsed.payload, bufs) {
+                Delivery::Accepted => {
+                    self.rc.accept(now);
+                    self.last_progress = now;
+                }
+                Delivery::NotReady => self.rc.reject_rnr(),
+            },
+            Inbound::Failed(f) => {
+                self.coll.fail(HostError::ConnectionFailed {
+                    psn: f.psn().value(),
+                    reason: f.to_string(),
+                });
+            }
+            Inbound::Handled | Inbound::Dropped => {}
+        }
+        if self.rc.oldest_unacked() != before {
+            self.last_progress = now;
+        }
+    }
+
+    /// Writes the next frame to send into `buf` (at least `mtu + 70` bytes).
+    pub fn poll_transmit(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        bufs: &OpBuffers<'_>,
+    ) -> Option<usize> {
+        if let Some(len) = self.rc.poll_transmit(now, buf) {
+            self.counters.tx_frames += 1;
+            return Some(len);
+        }
+        while self.rc.send_room() > 0 {
+            let Some(m) = self.coll.poll_send(bufs, &mut self.scratch) else { break };
+            if let Err(e) = self.rc.send(m.imm, &self.scratch[..m.len]) {
+                let psn = self.rc.oldest_unacked().unwrap_or(self.rc.expected_psn()).value();
+                self.coll.fail(HostError::ConnectionFailed { psn, reason: e.to_string() });
+                break;
+            }
+        }
+        let len = self.rc.poll_transmit(now, buf)?;
+        self.counters.tx_frames += 1;
+        Some(len)
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must run next.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let progress =
+            self.coll.is_active().then(|| self.last_progress + self.opts.progress_timeout);
+        earliest(self.rc.poll_timeout(), progress)
+    }
+
+    /// Runs expired timers.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if let Some(f) = self.rc.handle_timeout(now) {
+            self.coll
+                .fail(HostError::ConnectionFailed { psn: f.psn().value(), reason: f.to_string() });
+            return;
+        }
+        if self.coll.is_active() && now >= self.last_progress + self.opts.progress_timeout {
+            let (psn, waiting_for) = match self.rc.oldest_unacked() {
+                Some(p) => (p, "an ACK from the switch"),
+                None => (self.rc.expected_psn(), "a packet from the switch"),
+            };
+            let (done, total) = self.coll.progress().unwrap_or((0, 0));
+            self.counters.progress_timeouts += 1;
+            self.coll.fail(HostError::Timeout {
+                seq: self.coll.seq(),
+                waited: now - self.last_progress,
+                psn: psn.value(),
+                detail: format!("{waiting_for}; {done} of {total} chunks complete"),
+            });
+        }
+    }
+
+    /// The outcome of the last collective, once.
+    pub fn poll_completion(&mut self) -> Option<Result<(), HostError>> {
+        self.coll.poll_completion()
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> HostCounters {
+        HostCounters { rc: *self.rc.counters(), collective: *self.coll.counters(), ..self.counters }
+    }
+}
