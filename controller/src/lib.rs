@@ -6,10 +6,12 @@
 //! - [`service`]: the TCP controller service.
 
 pub mod compiler;
+pub mod service;
 pub mod topology;
 pub mod yaml;
 
 pub use compiler::{compile, Allocator, CommunicatorSpec, CompileError, Compiled};
+pub use service::{Controller, ServiceConfig, ServiceError};
 pub use topology::{Topology, TopologyError, TopologyIssue};
 
 use inc_ctrl_proto::{RankEndpoint, ROCE_UDP_PORT};

@@ -1,11 +1,16 @@
 //! `inc-controller`: check topologies, print rules and netns plans, run the service.
 
+use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use inc_controller::{compile, demo_ranks, Allocator, CommunicatorSpec, Topology};
+use inc_controller::{
+    compile, demo_ranks, Allocator, CommunicatorSpec, Controller, ServiceConfig, Topology,
+};
+use inc_ctrl_proto::ControllerClient;
 
 #[derive(Parser, Debug)]
 #[command(name = "inc-controller", version, about = "INC emulator control plane")]
@@ -42,6 +47,36 @@ enum Cmd {
         #[arg(long)]
         endpoints: bool,
     },
+    /// Run the controller service.
+    Serve {
+        /// Topology YAML.
+        #[arg(long)]
+        topology: PathBuf,
+        /// Listen address (default: 0.0.0.0 and the topology's controller port).
+        #[arg(long)]
+        listen: Option<String>,
+        /// Shared token switches and hosts must present.
+        #[arg(long, env = "INC_CONTROLLER_TOKEN")]
+        token: Option<String>,
+        /// Seconds to wait for switch acknowledgements.
+        #[arg(long, default_value_t = 5.0)]
+        ack_timeout: f64,
+        /// Fixed seed for start PSNs (default: random).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// Show connected switches, groups and communicators of a running controller.
+    Status {
+        /// Controller address.
+        #[arg(long, default_value = "127.0.0.1:7000")]
+        controller: String,
+        /// Shared token.
+        #[arg(long, env = "INC_CONTROLLER_TOKEN")]
+        token: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -51,6 +86,7 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     match cli.cmd {
@@ -90,6 +126,60 @@ fn main() -> Result<()> {
             if endpoints {
                 println!("---\n# host endpoints by rank");
                 print!("{}", inc_controller::yaml::to_yaml(&c.endpoints)?);
+            }
+        }
+        Cmd::Serve { topology, listen, token, ack_timeout, seed } => {
+            let t = Topology::load(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let listen = listen.unwrap_or_else(|| format!("0.0.0.0:{}", t.controller.port()));
+            let mut cfg = ServiceConfig::new(t);
+            cfg.token = token;
+            cfg.ack_timeout = Duration::from_secs_f64(ack_timeout);
+            if let Some(s) = seed {
+                cfg.seed = s;
+            }
+            let ctrl = Controller::start(cfg, &listen)?;
+            // Scripts and tests read the bound address (port 0 picks a free one).
+            println!("listening on {}", ctrl.local_addr());
+            std::io::stdout().flush()?;
+            ctrl.wait();
+        }
+        Cmd::Status { controller, token, json } => {
+            let timeout = Duration::from_secs(5);
+            let mut c = ControllerClient::connect(controller.as_str(), timeout)?;
+            if token.is_some() {
+                c.hello(token, timeout)?;
+            }
+            let r = c.status(timeout)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                return Ok(());
+            }
+            println!("topology {}", r.topology);
+            println!("switches:");
+            for s in &r.switches {
+                let state = if s.connected {
+                    format!("connected from {}", s.peer.as_deref().unwrap_or("?"))
+                } else {
+                    "NOT CONNECTED".into()
+                };
+                println!(
+                    "  {:>4} {:<12} {state}; communicators {:?}",
+                    s.switch_id, s.name, s.communicators
+                );
+            }
+            println!("groups:");
+            for g in &r.groups {
+                println!(
+                    "  {:>4} world {} hosts {:?} communicators {:?}",
+                    g.group_id, g.world_size, g.hosts, g.communicators
+                );
+            }
+            println!("communicators:");
+            for c in &r.communicators {
+                println!(
+                    "  {:>4} group {} root switch {} switches {:?} mtu {} window {}",
+                    c.comm_id, c.group_id, c.root_switch, c.switches, c.mtu, c.window
+                );
             }
         }
     }
