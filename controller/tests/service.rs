@@ -112,10 +112,6 @@ impl FakeSwitch {
         live
     }
 
-    fn push_count(&self) -> usize {
-        self.pushes.lock().unwrap().len()
-    }
-
     fn stop(mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(h) = self.handle.take() {
