@@ -6,6 +6,7 @@
 //! - [`service`]: the TCP controller service.
 
 pub mod compiler;
+pub mod plan;
 pub mod service;
 pub mod topology;
 pub mod yaml;

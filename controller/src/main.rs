@@ -47,6 +47,15 @@ enum Cmd {
         #[arg(long)]
         endpoints: bool,
     },
+    /// Print the network-namespace plan of a topology (read by scripts/netns-up).
+    Plan {
+        /// Topology YAML.
+        #[arg(long)]
+        topology: PathBuf,
+        /// Namespace prefix: namespaces are named PREFIX-ELEMENT.
+        #[arg(long, default_value = inc_controller::plan::DEFAULT_PREFIX)]
+        prefix: String,
+    },
     /// Run the controller service.
     Serve {
         /// Topology YAML.
@@ -127,6 +136,10 @@ fn main() -> Result<()> {
                 println!("---\n# host endpoints by rank");
                 print!("{}", inc_controller::yaml::to_yaml(&c.endpoints)?);
             }
+        }
+        Cmd::Plan { topology, prefix } => {
+            let t = Topology::load(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
+            print!("{}", inc_controller::plan::render(&t, &prefix)?);
         }
         Cmd::Serve { topology, listen, token, ack_timeout, seed } => {
             let t = Topology::load(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
