@@ -1,1 +1,285 @@
-//! inccl-hosts
+//! Host test programs for INCCL, with the seed's arguments
+//! (`<world_size> <master_addr> <rank> <count>`): fill `in[i] = i * (rank + 1)`, run the
+//! collective `--iters` times, verify every result exactly, print PASS/FAIL, time and
+//! algorithm bandwidth in the style of nccl-tests.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use inccl::{CommConfig, Communicator, DataType, Group, GroupConfig, ReduceOp, TransportKind};
+
+/// Which collective a program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// AllReduce.
+    AllReduce,
+    /// Reduce to `--root`.
+    Reduce,
+    /// Broadcast from `--root`.
+    Broadcast,
+}
+
+/// Command line shared by the host programs.
+#[derive(Debug, Parser)]
+pub struct Args {
+    /// Number of ranks.
+    pub world_size: u16,
+    /// Rank 0's address (host or host:port; default port 52223).
+    pub master_addr: String,
+    /// This process's rank.
+    pub rank: u16,
+    /// Elements per rank.
+    pub count: u64,
+    /// Root rank of Reduce and Broadcast.
+    #[arg(long, default_value_t = 0)]
+    pub root: u16,
+    /// Element type: int32 or float32.
+    #[arg(long, default_value = "int32")]
+    pub dtype: DataType,
+    /// Operator: sum, max or min.
+    #[arg(long, default_value = "sum")]
+    pub op: ReduceOp,
+    /// Timed iterations (each one verified).
+    #[arg(long, default_value_t = 1)]
+    pub iters: u32,
+    /// Untimed warm-up iterations.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: u32,
+    /// Controller address host:port (rank 0; default: INCCL_CONTROLLER).
+    #[arg(long)]
+    pub controller: Option<String>,
+    /// Transport: udp or verbs (default: INCCL_TRANSPORT, else udp).
+    #[arg(long)]
+    pub transport: Option<TransportKind>,
+}
+
+/// Input element `i` of rank `r` (INT32 wraps).
+pub fn input_i32(i: u64, r: u16) -> i32 {
+    (i as u32).wrapping_mul(u32::from(r) + 1) as i32
+}
+
+/// Input element `i` of rank `r` for FLOAT32: small integers, so every summation
+/// order gives the exact same result.
+pub fn input_f32(i: u64, r: u16) -> f32 {
+    (i % 1024) as f32 * f32::from(r + 1)
+}
+
+/// Expected reduction of element `i` over `world` ranks, as the bit pattern.
+pub fn expected_bits(dtype: DataType, op: ReduceOp, i: u64, world: u16) -> u32 {
+    match dtype {
+        DataType::Int32 => {
+            let vals = (0..world).map(|r| input_i32(i, r));
+            (match op {
+                ReduceOp::Sum => vals.fold(0i32, i32::wrapping_add),
+                ReduceOp::Max => vals.max().unwrap_or(0),
+                ReduceOp::Min => vals.min().unwrap_or(0),
+            }) as u32
+        }
+        DataType::Float32 => {
+            let vals = (0..world).map(|r| input_f32(i, r));
+            (match op {
+                ReduceOp::Sum => vals.sum::<f32>(),
+                ReduceOp::Max => vals.fold(f32::MIN, f32::max),
+                ReduceOp::Min => vals.fold(f32::MAX, f32::min),
+            })
+            .to_bits()
+        }
+    }
+}
+
+/// An element type the programs can fill and verify.
+trait TestElem: inccl::Element {
+    fn input(i: u64, rank: u16) -> Self;
+    fn bits(self) -> u32;
+}
+
+impl TestElem for i32 {
+    fn input(i: u64, rank: u16) -> Self {
+        input_i32(i, rank)
+    }
+    fn bits(self) -> u32 {
+        self as u32
+    }
+}
+
+impl TestElem for f32 {
+    fn input(i: u64, rank: u16) -> Self {
+        input_f32(i, rank)
+    }
+    fn bits(self) -> u32 {
+        self.to_bits()
+    }
+}
+
+/// Result of one program run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// Every iteration verified.
+    pub pass: bool,
+    /// Time of each timed iteration.
+    pub times: Vec<Duration>,
+}
+
+fn run_typed<T: TestElem>(
+    comm: &mut Communicator,
+    which: Collective,
+    args: &Args,
+) -> anyhow::Result<Report> {
+    let n = usize::try_from(args.count).context("count does not fit this machine's memory")?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let src: Vec<T> = (0..n as u64).map(|i| T::input(i, rank)).collect();
+    let mut dst: Vec<T> = vec![<T as bytemuck::Zeroable>::zeroed(); n];
+    let mut times = Vec::new();
+    let mut pass = true;
+    for it in 0..args.warmup + args.iters {
+        dst.iter_mut().for_each(|v| *v = <T as bytemuck::Zeroable>::zeroed());
+        let t = Instant::now();
+        match which {
+            Collective::AllReduce => comm.allreduce(&src, &mut dst, args.op)?,
+            Collective::Reduce => {
+                let out: &mut [T] = if rank == args.root { &mut dst } else { &mut [] };
+                comm.reduce(&src, out, args.op, args.root)?
+            }
+            Collective::Broadcast => {
+                if rank == args.root {
+                    dst.copy_from_slice(&src);
+                }
+                comm.broadcast(&mut dst, args.root)?
+            }
+        }
+        let elapsed = t.elapsed();
+        let check = match which {
+            Collective::AllReduce => true,
+            Collective::Reduce => rank == args.root,
+            Collective::Broadcast => true,
+        };
+        if check {
+            let want = |i: u64| match which {
+                Collective::Broadcast => T::input(i, args.root).bits(),
+                _ => expected_bits(args.dtype, args.op, i, world),
+            };
+            if let Some((i, got, exp)) = dst.iter().enumerate().find_map(|(i, v)| {
+                (v.bits() != want(i as u64)).then(|| (i, v.bits(), want(i as u64)))
+            }) {
+                eprintln!(
+                    "rank {rank}: iteration {it}: element {i} is {got:#010x}, expected {exp:#010x}"
+                );
+                pass = false;
+            }
+        }
+        if it >= args.warmup {
+            times.push(elapsed);
+        }
+    }
+    Ok(Report { pass, times })
+}
+
+/// Run a program: create the group and communicator, run and verify, print a
+/// nccl-tests style line. Returns the report (the caller sets the exit code).
+pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
+    let mut gcfg = GroupConfig::from_env(args.world_size, args.rank, args.master_addr.clone())?;
+    if args.controller.is_some() {
+        gcfg.controller = args.controller.clone();
+    }
+    if which != Collective::AllReduce && args.root >= args.world_size {
+        bail!("--root {} is out of range for world size {}", args.root, args.world_size);
+    }
+    let group = Group::create(gcfg).context("creating the group")?;
+    let bytes = args.count.saturating_mul(4);
+    let mut ccfg = CommConfig::from_env(bytes)?;
+    if let Some(t) = args.transport {
+        ccfg.transport = t;
+    }
+    let mut comm = group.communicator(ccfg).context("creating the communicator")?;
+    let report = match args.dtype {
+        DataType::Int32 => run_typed::<i32>(&mut comm, which, args)?,
+        DataType::Float32 => run_typed::<f32>(&mut comm, which, args)?,
+    };
+    print_report(which, args, &report);
+    comm.destroy().context("destroying the communicator")?;
+    group.destroy().context("destroying the group")?;
+    Ok(report)
+}
+
+fn print_report(which: Collective, args: &Args, r: &Report) {
+    let bytes = args.count * 4;
+    let mut sorted = r.times.clone();
+    sorted.sort();
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
+    let min = sorted.first().copied().unwrap_or_default();
+    let algbw = |t: Duration| if t.is_zero() { 0.0 } else { bytes as f64 / t.as_secs_f64() / 1e9 };
+    let name = match which {
+        Collective::AllReduce => "allreduce",
+        Collective::Reduce => "reduce",
+        Collective::Broadcast => "broadcast",
+    };
+    println!("#  rank  collective        size(B)      count    type   op  root  iters   time(us)  min(us)  algbw(GB/s)  algbw(Gbps)  result");
+    println!(
+        "  {:>5}  {:<10} {:>14} {:>10} {:>7} {:>4} {:>5} {:>6} {:>10.1} {:>8.1} {:>12.3} {:>12.3}  {}",
+        args.rank,
+        name,
+        bytes,
+        args.count,
+        args.dtype,
+        if which == Collective::Broadcast { "-".to_string() } else { args.op.to_string() },
+        if which == Collective::AllReduce { "-".to_string() } else { args.root.to_string() },
+        r.times.len(),
+        median.as_secs_f64() * 1e6,
+        min.as_secs_f64() * 1e6,
+        algbw(median),
+        algbw(median) * 8.0,
+        if r.pass { "PASS" } else { "FAIL" }
+    );
+}
+
+/// `main` of the three programs.
+pub fn main_for(which: Collective) -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("INCCL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(which, &args) {
+        Ok(r) if r.pass => std::process::ExitCode::SUCCESS,
+        Ok(_) => std::process::ExitCode::from(1),
+        Err(e) => {
+            eprintln!("rank {}: error: {e:#}", args.rank);
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_values() {
+        // Sum over 4 ranks of i * (r + 1) is 10 i.
+        assert_eq!(expected_bits(DataType::Int32, ReduceOp::Sum, 7, 4), 70);
+        assert_eq!(expected_bits(DataType::Int32, ReduceOp::Max, 7, 4), 28);
+        assert_eq!(expected_bits(DataType::Int32, ReduceOp::Min, 7, 4), 7);
+        // Wrap-around: i * 4 overflows for large i and becomes negative.
+        let i = 0x4000_0000u64;
+        assert_eq!(input_i32(i, 3), 0);
+        assert_eq!(expected_bits(DataType::Int32, ReduceOp::Max, i, 4), 0x4000_0000);
+        assert_eq!(expected_bits(DataType::Int32, ReduceOp::Min, i, 4) as i32, i32::MIN);
+        assert_eq!(expected_bits(DataType::Float32, ReduceOp::Sum, 1025, 4), 10.0f32.to_bits());
+        assert_eq!(expected_bits(DataType::Float32, ReduceOp::Min, 3, 2), 3.0f32.to_bits());
+    }
+
+    #[test]
+    fn args_parse_like_the_seed() {
+        let a = Args::try_parse_from([
+            "x", "4", "10.0.0.1", "2", "1024", "--dtype", "float32", "--op", "max", "--root", "1",
+        ])
+        .unwrap();
+        assert_eq!((a.world_size, a.rank, a.count, a.root), (4, 2, 1024, 1));
+        assert_eq!((a.dtype, a.op), (DataType::Float32, ReduceOp::Max));
+        assert!(Args::try_parse_from(["x", "4", "h", "0", "8", "--op", "avg"]).is_err());
+    }
+}

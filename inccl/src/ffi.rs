@@ -1,0 +1,561 @@
+//! C ABI (`include/inccl.h`). Every entry point catches panics, validates its
+//! arguments, and reports failures as a negative return value (or NULL) with the
+//! message in the calling thread's [`inccl_last_error`]. No function aborts the
+//! process on a user error.
+//!
+//! A group or communicator must not be used from two threads at once.
+#![allow(non_camel_case_types)]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+use crate::config::{CommConfig, GroupConfig};
+use crate::error::{Error, Result};
+use crate::group::{Communicator, Group};
+use crate::types::{DataType, ReduceOp};
+
+/// Opaque group handle.
+#[derive(Debug)]
+pub struct inccl_group(Group);
+
+/// Opaque communicator handle.
+#[derive(Debug)]
+pub struct inccl_communicator(Communicator);
+
+/// Return codes (`INCCL_E*` in the header).
+pub const INCCL_OK: c_int = 0;
+const E_INVALID: c_int = -1;
+const E_CONFIG: c_int = -2;
+const E_TIMEOUT: c_int = -3;
+const E_PEER: c_int = -4;
+const E_CONTROLLER: c_int = -5;
+const E_IO: c_int = -6;
+const E_COLLECTIVE: c_int = -7;
+const E_UNAVAILABLE: c_int = -8;
+const E_UNUSABLE: c_int = -9;
+const E_INTERNAL: c_int = -10;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+fn code(e: &Error) -> c_int {
+    match e {
+        Error::InvalidArgument(_) => E_INVALID,
+        Error::Config(_) => E_CONFIG,
+        Error::Timeout { .. } => E_TIMEOUT,
+        Error::Peer { .. } | Error::Aborted { .. } => E_PEER,
+        Error::Controller { .. } => E_CONTROLLER,
+        Error::Io { .. } => E_IO,
+        Error::Collective { .. } => E_COLLECTIVE,
+        Error::TransportUnavailable(_) => E_UNAVAILABLE,
+        Error::Unusable(..) => E_UNUSABLE,
+    }
+}
+
+/// `INCCL_LOG=<filter>` (e.g. `info`, `inccl=debug`) logs to stderr from C programs.
+fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = std::env::var("INCCL_LOG") {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .try_init()
+                .ok();
+        }
+    });
+}
+
+/// Run `f`, turning errors and panics into `on_err` plus the thread's last error.
+fn guard<T>(on_err: impl Fn(c_int) -> T, f: impl FnOnce() -> Result<T>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "inccl call failed");
+            set_last_error(&e.to_string());
+            on_err(code(&e))
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            set_last_error(&format!("internal error (bug in INCCL): {what}"));
+            on_err(E_INTERNAL)
+        }
+    }
+}
+
+fn int_code(r: Result<()>) -> Result<c_int> {
+    r.map(|()| INCCL_OK)
+}
+
+fn arg_str(p: *const c_char, what: &str) -> Result<String> {
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    // Safety: the caller passes a NUL-terminated string (checked non-NULL above) that
+    // stays valid for the call, as the header documents.
+    let s = unsafe { CStr::from_ptr(p) };
+    s.to_str()
+        .map(str::to_string)
+        .map_err(|_| Error::InvalidArgument(format!("{what} is not valid UTF-8")))
+}
+
+fn arg_u16(v: c_int, what: &str) -> Result<u16> {
+    u16::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} is out of range")))
+}
+
+fn dtype(v: c_int) -> Result<DataType> {
+    DataType::from_c(v).ok_or_else(|| {
+        Error::InvalidArgument(format!("datatype {v} is not INCCL_INT32 (0) or INCCL_FLOAT32 (1)"))
+    })
+}
+
+fn op(v: c_int) -> Result<ReduceOp> {
+    ReduceOp::from_c(v).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "operator {v} is not INCCL_SUM (1), INCCL_MAX (2) or INCCL_MIN (3)"
+        ))
+    })
+}
+
+fn byte_len(count: usize, dt: DataType, what: &str) -> Result<usize> {
+    count
+        .checked_mul(dt.size())
+        .filter(|n| *n <= isize::MAX as usize)
+        .ok_or_else(|| Error::InvalidArgument(format!("{what}: count {count} is too large")))
+}
+
+/// Borrow a C buffer of `len` bytes read-only.
+///
+/// Safety: `p` must be NULL only if `len` is 0, otherwise valid for reads of `len`
+/// bytes for the call, not written through another pointer meanwhile.
+unsafe fn buf_ref<'a>(p: *const c_void, len: usize, what: &str) -> Result<&'a [u8]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    // Safety: guaranteed by the caller (see above).
+    Ok(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
+}
+
+/// Borrow a C buffer of `len` bytes mutably.
+///
+/// Safety: as [`buf_ref`], and not accessed through any other pointer for the call.
+unsafe fn buf_mut<'a>(p: *mut c_void, len: usize, what: &str) -> Result<&'a mut [u8]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    // Safety: guaranteed by the caller (see above).
+    Ok(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) })
+}
+
+fn overlap(a: *const c_void, b: *const c_void, len: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    a != b && a < b.wrapping_add(len) && b < a.wrapping_add(len)
+}
+
+/// Handle to a communicator; errors if NULL.
+///
+/// Safety: `comm` is NULL or a live pointer from `inccl_communicator_create`.
+unsafe fn comm_mut<'a>(comm: *mut inccl_communicator) -> Result<&'a mut Communicator> {
+    // Safety: guaranteed by the caller (see above).
+    unsafe { comm.as_mut() }
+        .map(|c| &mut c.0)
+        .ok_or_else(|| Error::InvalidArgument("communicator is NULL".into()))
+}
+
+fn create_group(
+    world_size: c_int,
+    rank: c_int,
+    master_addr: *const c_char,
+    controller: *const c_char,
+) -> Result<*mut inccl_group> {
+    init_logging();
+    let ws = arg_u16(world_size, "world size")?;
+    let rank = arg_u16(rank, "rank")?;
+    let master = arg_str(master_addr, "master address")?;
+    let mut cfg = GroupConfig::from_env(ws, rank, master)?;
+    if !controller.is_null() {
+        cfg.controller = Some(arg_str(controller, "controller address")?);
+    }
+    Ok(Box::into_raw(Box::new(inccl_group(Group::create(cfg)?))))
+}
+
+/// Create a group (collective). The controller address comes from `INCCL_CONTROLLER`.
+/// Returns NULL on error.
+#[no_mangle]
+pub extern "C" fn inccl_group_create(
+    world_size: c_int,
+    rank: c_int,
+    master_addr: *const c_char,
+) -> *mut inccl_group {
+    guard(
+        |_| std::ptr::null_mut(),
+        || create_group(world_size, rank, master_addr, std::ptr::null()),
+    )
+}
+
+/// Create a group with an explicit controller address (`host:port`; NULL = environment).
+#[no_mangle]
+pub extern "C" fn inccl_group_create_with_controller(
+    world_size: c_int,
+    rank: c_int,
+    master_addr: *const c_char,
+    controller_addr: *const c_char,
+) -> *mut inccl_group {
+    guard(|_| std::ptr::null_mut(), || create_group(world_size, rank, master_addr, controller_addr))
+}
+
+/// Destroy a group. The handle is freed even when an error is returned.
+///
+/// # Safety
+/// `group` is NULL or a pointer from `inccl_group_create*` not destroyed before.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_group_destroy(group: *mut inccl_group) -> c_int {
+    guard(
+        |c| c,
+        || {
+            if group.is_null() {
+                return Err(Error::InvalidArgument("group is NULL".into()));
+            }
+            // Safety: ownership returns from the pointer created by `Box::into_raw`.
+            let g = unsafe { Box::from_raw(group) };
+            int_code(g.0.destroy())
+        },
+    )
+}
+
+/// Rank of this process in the group, or a negative error code.
+///
+/// # Safety
+/// `group` is NULL or a live group pointer.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_group_rank(group: *const inccl_group) -> c_int {
+    guard(
+        |c| c,
+        || {
+            // Safety: NULL or live, per the contract above.
+            let g = unsafe { group.as_ref() }
+                .ok_or_else(|| Error::InvalidArgument("group is NULL".into()))?;
+            Ok(c_int::from(g.0.rank()))
+        },
+    )
+}
+
+/// World size of the group, or a negative error code.
+///
+/// # Safety
+/// `group` is NULL or a live group pointer.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_group_world_size(group: *const inccl_group) -> c_int {
+    guard(
+        |c| c,
+        || {
+            // Safety: NULL or live, per the contract above.
+            let g = unsafe { group.as_ref() }
+                .ok_or_else(|| Error::InvalidArgument("group is NULL".into()))?;
+            Ok(c_int::from(g.0.world_size()))
+        },
+    )
+}
+
+/// Create a communicator (collective). `size_bytes` is a buffer-sizing hint, not a
+/// limit. Returns NULL on error.
+///
+/// # Safety
+/// `group` is NULL or a live group pointer.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_communicator_create(
+    group: *mut inccl_group,
+    size_bytes: u32,
+) -> *mut inccl_communicator {
+    guard(
+        |_| std::ptr::null_mut(),
+        || {
+            // Safety: NULL or live, per the contract above.
+            let g = unsafe { group.as_ref() }
+                .ok_or_else(|| Error::InvalidArgument("group is NULL".into()))?;
+            let comm = g.0.communicator(CommConfig::from_env(u64::from(size_bytes))?)?;
+            Ok(Box::into_raw(Box::new(inccl_communicator(comm))))
+        },
+    )
+}
+
+/// Destroy a communicator (collective). The handle is freed even on error.
+///
+/// # Safety
+/// `comm` is NULL or a pointer from `inccl_communicator_create` not destroyed before.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_communicator_destroy(comm: *mut inccl_communicator) -> c_int {
+    guard(
+        |c| c,
+        || {
+            if comm.is_null() {
+                return Err(Error::InvalidArgument("communicator is NULL".into()));
+            }
+            // Safety: ownership returns from the pointer created by `Box::into_raw`.
+            let c = unsafe { Box::from_raw(comm) };
+            int_code(c.0.destroy())
+        },
+    )
+}
+
+/// AllReduce `count` elements of `src` into `dst` (`src == dst` is in place).
+///
+/// # Safety
+/// `comm` is NULL or live; `src`/`dst` hold `count` elements of `dtype`.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_allreduce(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op_: c_int,
+) -> c_int {
+    guard(
+        |c| c,
+        || {
+            // Safety: NULL or live, per the contract above.
+            let c = unsafe { comm_mut(comm) }?;
+            let (dt, op) = (self::dtype(dtype)?, op(op_)?);
+            let len = byte_len(count, dt, "allreduce")?;
+            if overlap(src, dst, len) {
+                return Err(Error::InvalidArgument(
+                    "allreduce src and dst overlap partially".into(),
+                ));
+            }
+            if std::ptr::eq(src, dst) {
+                // Safety: `dst` holds `len` bytes, per the contract above.
+                let buf = unsafe { buf_mut(dst, len, "allreduce buffer") }?;
+                return int_code(c.allreduce_bytes_in_place(buf, dt, op));
+            }
+            // Safety: disjoint buffers (checked above) of `len` bytes, per the contract.
+            let (s, d) = unsafe {
+                (buf_ref(src, len, "allreduce src")?, buf_mut(dst, len, "allreduce dst")?)
+            };
+            int_code(c.allreduce_bytes(s, d, dt, op))
+        },
+    )
+}
+
+/// Reduce to `root`; `dst` is used on the root only (may be NULL elsewhere).
+///
+/// # Safety
+/// `comm` is NULL or live; `src` (and `dst` on the root) hold `count` elements.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_reduce(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op_: c_int,
+    root: c_int,
+) -> c_int {
+    guard(
+        |c| c,
+        || {
+            // Safety: NULL or live, per the contract above.
+            let c = unsafe { comm_mut(comm) }?;
+            let (dt, op) = (self::dtype(dtype)?, op(op_)?);
+            let root = arg_u16(root, "root")?;
+            let len = byte_len(count, dt, "reduce")?;
+            if c.rank() != root {
+                // Safety: `src` holds `len` bytes, per the contract above.
+                let s = unsafe { buf_ref(src, len, "reduce src") }?;
+                return int_code(c.reduce_bytes(s, &mut [], dt, op, root));
+            }
+            if overlap(src, dst, len) {
+                return Err(Error::InvalidArgument("reduce src and dst overlap partially".into()));
+            }
+            if std::ptr::eq(src, dst) {
+                // Safety: `dst` holds `len` bytes, per the contract above.
+                let buf = unsafe { buf_mut(dst, len, "reduce buffer") }?;
+                return int_code(c.reduce_bytes_in_place(buf, dt, op, root));
+            }
+            // Safety: disjoint buffers (checked above) of `len` bytes, per the contract.
+            let (s, d) = unsafe {
+                (buf_ref(src, len, "reduce src")?, buf_mut(dst, len, "reduce dst on the root")?)
+            };
+            int_code(c.reduce_bytes(s, d, dt, op, root))
+        },
+    )
+}
+
+/// Broadcast `count` elements of `buf` from `root`.
+///
+/// # Safety
+/// `comm` is NULL or live; `buf` holds `count` elements of `dtype`.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_broadcast(
+    comm: *mut inccl_communicator,
+    buf: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+) -> c_int {
+    guard(
+        |c| c,
+        || {
+            // Safety: NULL or live, per the contract above.
+            let c = unsafe { comm_mut(comm) }?;
+            let dt = self::dtype(dtype)?;
+            let root = arg_u16(root, "root")?;
+            let len = byte_len(count, dt, "broadcast")?;
+            // Safety: `buf` holds `len` bytes, per the contract above.
+            let b = unsafe { buf_mut(buf, len, "broadcast buffer") }?;
+            int_code(c.broadcast_bytes(b, dt, root))
+        },
+    )
+}
+
+/// Barrier.
+///
+/// # Safety
+/// `comm` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_barrier(comm: *mut inccl_communicator) -> c_int {
+    guard(
+        |c| c,
+        || {
+            // Safety: NULL or live, per the contract above.
+            int_code(unsafe { comm_mut(comm) }?.barrier())
+        },
+    )
+}
+
+/// Message of the last failed call on this thread ("" if none). Valid until the next
+/// INCCL call on the same thread.
+#[no_mangle]
+pub extern "C" fn inccl_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// Seed API: INT32 SUM AllReduce of `len` elements; failures set `inccl_last_error`.
+///
+/// # Safety
+/// As `inccl_allreduce`.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_allreduce_sendrecv(
+    comm: *mut inccl_communicator,
+    src: *mut i32,
+    len: u32,
+    dst: *mut i32,
+) {
+    // Safety: forwarded contract.
+    let r = unsafe { inccl_allreduce(comm, src.cast(), dst.cast(), len as usize, 0, 1) };
+    log_void("inccl_allreduce_sendrecv", r);
+}
+
+/// Seed API: INT32 SUM Reduce to `root`.
+///
+/// # Safety
+/// As `inccl_reduce`.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_reduce_sendrecv(
+    comm: *mut inccl_communicator,
+    src: *mut i32,
+    len: u32,
+    dst: *mut i32,
+    root: c_int,
+) {
+    // Safety: forwarded contract.
+    let r = unsafe { inccl_reduce(comm, src.cast(), dst.cast(), len as usize, 0, 1, root) };
+    log_void("inccl_reduce_sendrecv", r);
+}
+
+/// Seed API: INT32 Broadcast from `root`.
+///
+/// # Safety
+/// As `inccl_broadcast`.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_broadcast_sendrecv(
+    comm: *mut inccl_communicator,
+    buf: *mut i32,
+    len: u32,
+    root: c_int,
+) {
+    // Safety: forwarded contract.
+    let r = unsafe { inccl_broadcast(comm, buf.cast(), len as usize, 0, root) };
+    log_void("inccl_broadcast_sendrecv", r);
+}
+
+fn log_void(name: &str, r: c_int) {
+    if r != INCCL_OK {
+        // The seed signatures return nothing: the error stays in inccl_last_error().
+        LAST_ERROR.with(
+            |e| tracing::error!(code = r, error = %e.borrow().to_string_lossy(), "{name} failed"),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last() -> String {
+        // Safety: inccl_last_error returns a valid NUL-terminated thread-local string.
+        unsafe { CStr::from_ptr(inccl_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn null_and_bad_arguments_are_errors_not_crashes() {
+        // Safety: NULL handles are accepted and reported.
+        unsafe {
+            assert_eq!(inccl_barrier(std::ptr::null_mut()), E_INVALID);
+            assert!(last().contains("communicator is NULL"));
+            assert_eq!(inccl_group_destroy(std::ptr::null_mut()), E_INVALID);
+            assert_eq!(inccl_communicator_destroy(std::ptr::null_mut()), E_INVALID);
+            assert!(inccl_communicator_create(std::ptr::null_mut(), 0).is_null());
+            inccl_allreduce_sendrecv(
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                4,
+                std::ptr::null_mut(),
+            );
+            assert!(last().contains("NULL"));
+        }
+        assert!(inccl_group_create(4, 0, std::ptr::null()).is_null());
+        assert!(last().contains("master address is NULL"));
+        assert!(inccl_group_create(4, 7, c"127.0.0.1".as_ptr()).is_null());
+        assert!(last().contains("rank 7"), "{}", last());
+        assert!(inccl_group_create(-1, 0, c"127.0.0.1".as_ptr()).is_null());
+        assert!(last().contains("world size -1"), "{}", last());
+    }
+
+    #[test]
+    fn argument_checks() {
+        assert!(dtype(5).unwrap_err().to_string().contains("datatype 5"));
+        assert!(op(0).unwrap_err().to_string().contains("operator 0"));
+        assert!(byte_len(usize::MAX / 2, DataType::Int32, "x").is_err());
+        let a = [0u8; 16];
+        let p = a.as_ptr().cast::<c_void>();
+        assert!(overlap(p, p.wrapping_byte_add(4), 16));
+        assert!(!overlap(p, p, 16));
+        assert!(!overlap(p, p.wrapping_byte_add(16), 16));
+    }
+
+    #[test]
+    fn panics_become_internal_errors() {
+        let r = guard(|c| c, || -> Result<c_int> { panic!("boom") });
+        assert_eq!(r, E_INTERNAL);
+        assert!(last().contains("boom"));
+    }
+}
