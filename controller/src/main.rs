@@ -88,7 +88,18 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    // Errors are printed plainly: topology errors already carry file:line:column.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("inc-controller: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

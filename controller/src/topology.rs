@@ -472,20 +472,21 @@ impl Validator<'_> {
         ip: Ipv4Addr,
         el: &str,
         allow_learn: bool,
-    ) -> Option<Mac> {
+    ) -> Result<Option<Mac>, ()> {
+        // Err: already reported; callers skip duplicate checks to avoid cascades.
         match m {
-            None => Some(Mac::from_ipv4(ip)),
-            Some(s) if s.as_str() == "auto" => Some(Mac::from_ipv4(ip)),
-            Some(s) if allow_learn && s.as_str() == "learn" => None,
+            None => Ok(Some(Mac::from_ipv4(ip))),
+            Some(s) if s.as_str() == "auto" => Ok(Some(Mac::from_ipv4(ip))),
+            Some(s) if allow_learn && s.as_str() == "learn" => Ok(None),
             Some(s) => match s.parse::<Mac>() {
                 Ok(mac) if mac.is_multicast() || mac == Mac([0; 6]) => {
                     self.issue(s, el, format!("MAC {mac} is not a unicast address"));
-                    Some(mac)
+                    Err(())
                 }
-                Ok(mac) => Some(mac),
+                Ok(mac) => Ok(Some(mac)),
                 Err(e) => {
                     self.issue(s, el, e.to_string());
-                    Some(Mac::from_ipv4(ip))
+                    Err(())
                 }
             },
         }
@@ -622,10 +623,13 @@ impl Validator<'_> {
                         self.issue(&p.ip, &el, format!("duplicate IP {} (also {o})", addr.ip));
                     }
                 }
-                let mac = self.parse_mac(&p.mac, addr.ip, &el, false).unwrap_or_default();
-                if let Some(o) = macs.insert(mac, el.clone()) {
-                    let at = p.mac.as_ref().unwrap_or(&p.ip);
-                    self.issue(at, &el, format!("duplicate MAC {mac} (also {o})"));
+                let parsed = self.parse_mac(&p.mac, addr.ip, &el, false);
+                let mac = parsed.ok().flatten().unwrap_or_default();
+                if parsed.is_ok() {
+                    if let Some(o) = macs.insert(mac, el.clone()) {
+                        let at = p.mac.as_ref().unwrap_or(&p.ip);
+                        self.issue(at, &el, format!("duplicate MAC {mac} (also {o})"));
+                    }
                 }
                 spans.push(pos(&p.name));
                 ports.push(Port { name: p.name.to_string(), addr, mac });
@@ -725,11 +729,14 @@ impl Validator<'_> {
                     self.issue(&h.ip, &el, format!("duplicate IP {} (also {o})", addr.ip));
                 }
             }
-            let mac = self.parse_mac(&h.mac, addr.ip, &el, true);
+            let parsed = self.parse_mac(&h.mac, addr.ip, &el, true);
+            let mac = parsed.unwrap_or(None);
             let if_mac = mac.unwrap_or(Mac::from_ipv4(addr.ip));
-            if let Some(o) = macs.insert(if_mac, el.clone()) {
-                let at = h.mac.as_ref().unwrap_or(&h.ip);
-                self.issue(at, &el, format!("duplicate MAC {if_mac} (also {o})"));
+            if parsed.is_ok() {
+                if let Some(o) = macs.insert(if_mac, el.clone()) {
+                    let at = h.mac.as_ref().unwrap_or(&h.ip);
+                    self.issue(at, &el, format!("duplicate MAC {if_mac} (also {o})"));
+                }
             }
             let Ok(attach) =
                 resolve(&h.attach, &switches).map_err(|m| self.issue(&h.attach, &el, m))
