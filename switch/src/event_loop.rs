@@ -1,0 +1,417 @@
+//! The switch event loop: one thread drives every logical switch of the process over
+//! one backend. Wait for receive readiness, a command or the earliest engine timeout;
+//! receive a batch → `handle_frame`; due timers → `handle_timeout`; drain
+//! `poll_transmit` straight into backend transmit buffers; flush.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use inc_ctrl_proto::SwitchRules;
+use inc_protocol::Time;
+use inc_switch_engine::SwitchEngine;
+use inc_switch_io::Backend;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tracing::{info, warn};
+
+use crate::capture::Capture;
+
+/// Frames handed over per receive batch before timers and transmit get a turn.
+const RX_BUDGET: usize = 256;
+
+/// A request to the event loop from another thread (controller session, stats server).
+#[derive(Debug)]
+pub enum Command {
+    /// Install (or replace) a communicator on switch `switch` (index).
+    Install {
+        /// Logical switch index.
+        switch: usize,
+        /// Rules pushed by the controller.
+        rules: Box<SwitchRules>,
+        /// Outcome, to acknowledge or reject the push.
+        reply: Sender<Result<(), String>>,
+    },
+    /// Remove a communicator.
+    Remove {
+        /// Logical switch index.
+        switch: usize,
+        /// Communicator id.
+        comm_id: u32,
+        /// Outcome.
+        reply: Sender<Result<(), String>>,
+    },
+    /// The switch (re)registered: drop every communicator it held.
+    Reset {
+        /// Logical switch index.
+        switch: usize,
+    },
+    /// Snapshot of every counter.
+    Stats {
+        /// Where to send the snapshot.
+        reply: Sender<Value>,
+    },
+}
+
+/// One logical switch of the topology.
+#[derive(Debug)]
+pub struct LogicalSwitch {
+    /// Topology id.
+    pub id: u32,
+    /// Topology name.
+    pub name: String,
+    /// The sans-IO engine.
+    pub engine: SwitchEngine,
+    /// Backend port index of this switch's port 0; its ports are contiguous.
+    pub port_base: usize,
+    /// Port names, in engine order.
+    pub port_names: Vec<String>,
+    /// Installed communicators.
+    pub communicators: BTreeSet<u32>,
+}
+
+/// Counters of the loop itself.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct LoopCounters {
+    /// Loop iterations.
+    pub iterations: u64,
+    /// Times the loop blocked in the backend.
+    pub waits: u64,
+    /// Frames received.
+    pub rx_frames: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Engine timer expiries handled.
+    pub timeouts: u64,
+    /// Commands processed.
+    pub commands: u64,
+    /// Frames on a port no switch owns (should stay 0).
+    pub unowned_frames: u64,
+}
+
+/// The event loop over backend `B`.
+#[derive(Debug)]
+pub struct EventLoop<B: Backend> {
+    backend: B,
+    switches: Vec<LogicalSwitch>,
+    /// Backend port -> (switch index, engine port).
+    port_map: Vec<Option<(usize, usize)>>,
+    commands: Receiver<Command>,
+    capture: Option<Capture>,
+    shutdown: Arc<AtomicBool>,
+    start: Instant,
+    counters: LoopCounters,
+}
+
+impl<B: Backend> EventLoop<B> {
+    /// A loop over `backend` serving `switches` (whose port ranges must lie inside the
+    /// backend's ports).
+    pub fn new(
+        backend: B,
+        switches: Vec<LogicalSwitch>,
+        commands: Receiver<Command>,
+        capture: Option<Capture>,
+        shutdown: Arc<AtomicBool>,
+    ) -> Self {
+        let mut port_map = vec![None; backend.ports().len()];
+        for (si, s) in switches.iter().enumerate() {
+            for lp in 0..s.port_names.len() {
+                port_map[s.port_base + lp] = Some((si, lp));
+            }
+        }
+        EventLoop {
+            backend,
+            switches,
+            port_map,
+            commands,
+            capture,
+            shutdown,
+            start: Instant::now(),
+            counters: LoopCounters::default(),
+        }
+    }
+
+    fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Run until the shutdown flag is set; returns the final counter snapshot.
+    pub fn run(mut self) -> anyhow::Result<Value> {
+        while !self.shutdown.load(Ordering::Relaxed) {
+            self.turn()?;
+        }
+        if let Some(c) = self.capture.as_mut() {
+            c.finish();
+        }
+        Ok(self.snapshot())
+    }
+
+    /// One iteration: commands, receive, timers, transmit, then block if idle.
+    pub fn turn(&mut self) -> anyhow::Result<()> {
+        self.counters.iterations += 1;
+        while let Ok(cmd) = self.commands.try_recv() {
+            self.counters.commands += 1;
+            self.command(cmd);
+        }
+
+        let now = self.now();
+        let received = {
+            let EventLoop { backend, switches, port_map, capture, counters, .. } = self;
+            backend.recv_batch(RX_BUDGET, &mut |port, frame| {
+                if let Some(c) = capture.as_mut() {
+                    c.frame(frame);
+                }
+                match port_map.get(port).copied().flatten() {
+                    Some((s, lp)) => switches[s].engine.handle_frame(now, lp, frame),
+                    None => counters.unowned_frames += 1,
+                }
+            })?
+        };
+        self.counters.rx_frames += received as u64;
+
+        let now = self.now();
+        for s in &mut self.switches {
+            if s.engine.poll_timeout().is_some_and(|t| t <= now) {
+                s.engine.handle_timeout(now);
+                self.counters.timeouts += 1;
+            }
+        }
+        self.transmit(now)?;
+        self.events();
+
+        if received >= RX_BUDGET {
+            return Ok(()); // more frames are waiting: no sleep
+        }
+        let next = self.switches.iter().filter_map(|s| s.engine.poll_timeout()).min();
+        let now = self.now();
+        let timeout = match next {
+            Some(t) if t <= now => return Ok(()),
+            Some(t) => Some(t - now),
+            None => None,
+        };
+        self.counters.waits += 1;
+        self.backend.wait(timeout)?;
+        Ok(())
+    }
+
+    /// Drain every engine's transmit queue into backend buffers and flush.
+    fn transmit(&mut self, now: Time) -> anyhow::Result<()> {
+        let EventLoop { backend, switches, capture, counters, .. } = self;
+        for s in switches.iter_mut() {
+            loop {
+                if backend.tx_buffer().is_none() {
+                    backend.flush()?;
+                }
+                let Some(buf) = backend.tx_buffer() else { break };
+                let Some(t) = s.engine.poll_transmit(now, buf) else { break };
+                if let Some(c) = capture.as_mut() {
+                    c.frame(&buf[..t.len]);
+                }
+                backend.commit_tx(s.port_base + t.port, t.len);
+                counters.tx_frames += 1;
+            }
+        }
+        backend.flush()?;
+        Ok(())
+    }
+
+    /// Log engine events (rare: connection failures, operation mismatches).
+    fn events(&mut self) {
+        for s in &mut self.switches {
+            while let Some(ev) = s.engine.poll_event() {
+                info!(switch = %s.name, event = ?ev, "switch event");
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        let now = self.now();
+        match cmd {
+            Command::Install { switch, rules, reply } => {
+                let s = &mut self.switches[switch];
+                let res = if rules.switch_id != s.id {
+                    Err(format!(
+                        "rules for switch {} pushed to switch {} ({})",
+                        rules.switch_id, s.id, s.name
+                    ))
+                } else {
+                    s.engine.install(&rules, now).map_err(|e| e.to_string())
+                };
+                match &res {
+                    Ok(()) => {
+                        s.communicators.insert(rules.comm_id);
+                        info!(switch = %s.name, comm = rules.comm_id, "communicator installed");
+                    }
+                    Err(e) => {
+                        warn!(switch = %s.name, comm = rules.comm_id, error = %e, "install refused")
+                    }
+                }
+                let _ = reply.send(res);
+            }
+            Command::Remove { switch, comm_id, reply } => {
+                let s = &mut self.switches[switch];
+                let res = s.engine.remove(comm_id).map_err(|e| e.to_string());
+                s.communicators.remove(&comm_id);
+                info!(switch = %s.name, comm = comm_id, ok = res.is_ok(), "communicator removed");
+                let _ = reply.send(res);
+            }
+            Command::Reset { switch } => {
+                let s = &mut self.switches[switch];
+                for comm in std::mem::take(&mut s.communicators) {
+                    if let Err(e) = s.engine.remove(comm) {
+                        warn!(switch = %s.name, comm, error = %e, "remove on re-register failed");
+                    }
+                }
+            }
+            Command::Stats { reply } => {
+                let _ = reply.send(self.snapshot());
+            }
+        }
+    }
+
+    /// Every counter as JSON: loop, backend ports, engines.
+    pub fn snapshot(&mut self) -> Value {
+        let uptime = self.start.elapsed();
+        let mut switches = Vec::new();
+        for s in &self.switches {
+            let mut ports = Vec::new();
+            for (lp, name) in s.port_names.iter().enumerate() {
+                let gp = s.port_base + lp;
+                let desc = &self.backend.ports()[gp];
+                let iface = desc.spec.label();
+                let mac = inc_ctrl_proto::Mac(desc.mac).to_string();
+                let c = self.backend.port_counters(gp);
+                ports.push(json!({ "name": name, "iface": iface, "mac": mac, "io": c }));
+            }
+            switches.push(json!({
+                "switch_id": s.id,
+                "name": s.name,
+                "communicators": s.communicators,
+                "ports": ports,
+                "engine": serde_json::to_value(s.engine.counters()).unwrap_or(Value::Null),
+            }));
+        }
+        json!({
+            "backend": self.backend.name(),
+            "uptime_s": uptime.as_secs_f64(),
+            "loop": self.counters,
+            "capture_frames": self.capture.as_ref().map(Capture::frames),
+            "switches": switches,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::time::Duration;
+
+    use inc_switch_engine::{PortConfig, SwitchEngineConfig};
+    use inc_switch_io::memory::{MemoryBackend, MemoryNet};
+    use inc_wire::EthernetAddress;
+
+    use super::*;
+
+    const PORT_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x11];
+    const HOST_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x99];
+
+    fn arp_request(target: Ipv4Addr, sender: Ipv4Addr) -> Vec<u8> {
+        let mut f = Vec::with_capacity(42);
+        f.extend_from_slice(&[0xff; 6]);
+        f.extend_from_slice(&HOST_MAC);
+        f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+        f.extend_from_slice(&HOST_MAC);
+        f.extend_from_slice(&sender.octets());
+        f.extend_from_slice(&[0; 6]);
+        f.extend_from_slice(&target.octets());
+        f
+    }
+
+    /// Two logical switches (one port each) over one memory backend, loop on a thread.
+    fn start(
+    ) -> (MemoryNet, Sender<Command>, Arc<AtomicBool>, Waker, std::thread::JoinHandle<Value>) {
+        let specs = vec!["a0".parse().unwrap(), "b0".parse().unwrap()];
+        let (backend, net) = MemoryBackend::new(specs, 64);
+        let switches = (0..2u32)
+            .map(|i| LogicalSwitch {
+                id: i + 1,
+                name: format!("s{}", i + 1),
+                engine: SwitchEngine::new(SwitchEngineConfig {
+                    switch_id: i + 1,
+                    ports: vec![PortConfig {
+                        name: "p0".into(),
+                        ip: Ipv4Addr::new(10, 0, i as u8, 1),
+                        mac: EthernetAddress(PORT_MAC),
+                    }],
+                    ..SwitchEngineConfig::default()
+                }),
+                port_base: i as usize,
+                port_names: vec!["p0".into()],
+                communicators: BTreeSet::new(),
+            })
+            .collect();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let waker = backend.waker();
+        let el = EventLoop::new(backend, switches, rx, None, shutdown.clone());
+        let h = std::thread::spawn(move || el.run().unwrap());
+        (net, tx, shutdown, waker, h)
+    }
+
+    use inc_switch_io::Waker;
+
+    #[test]
+    fn answers_arp_on_the_right_logical_switch_and_stops_on_flag() {
+        let (net, tx, shutdown, waker, h) = start();
+        // Port 1 belongs to switch s2, whose port IP is 10.0.1.1.
+        net.inject(1, &arp_request(Ipv4Addr::new(10, 0, 1, 1), Ipv4Addr::new(10, 0, 1, 7)));
+        let (port, reply) = net.recv_timeout(Duration::from_secs(5)).expect("ARP reply");
+        assert_eq!(port, 1);
+        assert_eq!(&reply[..6], &HOST_MAC);
+        assert_eq!(&reply[20..22], &[0, 2], "ARP reply opcode");
+        assert_eq!(&reply[22..28], &PORT_MAC);
+        assert_eq!(&reply[28..32], &[10, 0, 1, 1]);
+        // Not ours: no answer.
+        net.inject(0, &arp_request(Ipv4Addr::new(10, 0, 1, 1), Ipv4Addr::new(10, 0, 0, 7)));
+        assert!(net.recv_timeout(Duration::from_millis(200)).is_none());
+
+        let (rtx, rrx) = crossbeam_channel::bounded(1);
+        tx.send(Command::Stats { reply: rtx }).unwrap();
+        waker.wake();
+        let snap = rrx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(snap["loop"]["rx_frames"], 2);
+        assert_eq!(snap["loop"]["tx_frames"], 1);
+        assert_eq!(snap["switches"][1]["ports"][0]["io"]["tx_packets"], 1);
+
+        shutdown.store(true, Ordering::Relaxed);
+        waker.wake();
+        let last = h.join().unwrap();
+        assert_eq!(last["backend"], "memory");
+    }
+
+    #[test]
+    fn rules_for_another_switch_are_refused_with_both_ids() {
+        let (_net, tx, shutdown, waker, h) = start();
+        let rules = SwitchRules {
+            comm_id: 5,
+            switch_id: 9,
+            world_size: 1,
+            mtu: 1024,
+            window: 4,
+            slots: 8,
+            slot_base: 0,
+            parent: None,
+            connections: Vec::new(),
+        };
+        let (rtx, rrx) = crossbeam_channel::bounded(1);
+        tx.send(Command::Install { switch: 0, rules: Box::new(rules), reply: rtx }).unwrap();
+        waker.wake();
+        let err = rrx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap_err();
+        assert!(err.contains("switch 9") && err.contains("switch 1"), "{err}");
+        shutdown.store(true, Ordering::Relaxed);
+        waker.wake();
+        h.join().unwrap();
+    }
+}
