@@ -1,12 +1,95 @@
 //! Minimal YAML emitter for printing rules: block mappings and sequences, scalar
 //! sequences inline, strings double-quoted (JSON escaping is valid YAML).
 
-use serde::Serialize;
-use serde_json::Value;
+use std::fmt;
 
-/// Render any serializable value as YAML.
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+/// Order-keeping JSON tree (objects are key/value lists).
+#[derive(Debug, Clone, PartialEq)]
+enum Value {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    String(String),
+    Array(Vec<Value>),
+    Object(Vec<(String, Value)>),
+}
+
+impl Value {
+    fn is_array(&self) -> bool {
+        matches!(self, Value::Array(_))
+    }
+    fn is_object(&self) -> bool {
+        matches!(self, Value::Object(_))
+    }
+}
+
+struct Ordered(Value);
+
+impl<'de> Deserialize<'de> for Ordered {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(OrderedVisitor).map(Ordered)
+    }
+}
+
+struct OrderedVisitor;
+
+impl<'de> Visitor<'de> for OrderedVisitor {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+    fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_string()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some(Ordered(x)) = a.next_element()? {
+            v.push(x);
+        }
+        Ok(Value::Array(v))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some((k, Ordered(x))) = a.next_entry::<String, Ordered>()? {
+            v.push((k, x));
+        }
+        Ok(Value::Object(v))
+    }
+}
+
+/// Render any serializable value as YAML, keeping struct field order.
 pub fn to_yaml<T: Serialize>(v: &T) -> Result<String, serde_json::Error> {
-    let v = serde_json::to_value(v)?;
+    // serde_json::Value sorts keys; going through JSON text and an order-keeping
+    // tree keeps fields in declaration order, which reads better.
+    let text = serde_json::to_string(v)?;
+    let v: Value = serde_json::from_str::<Ordered>(&text)?.0;
     let mut out = String::new();
     emit(&v, 0, &mut out, false);
     if !out.ends_with('\n') {
@@ -20,7 +103,7 @@ fn scalar(v: &Value) -> Option<String> {
         Value::Null => "null".into(),
         Value::Bool(b) => b.to_string(),
         Value::Number(n) => n.to_string(),
-        Value::String(s) => plain_or_quoted(s),
+        Value::String(s) => quoted_unless_plain(s),
         Value::Array(a) if a.is_empty() => "[]".into(),
         Value::Object(o) if o.is_empty() => "{}".into(),
         Value::Array(a) if a.iter().all(|x| !x.is_array() && !x.is_object()) => {
@@ -31,14 +114,14 @@ fn scalar(v: &Value) -> Option<String> {
     })
 }
 
-fn plain_or_quoted(s: &str) -> String {
+fn quoted_unless_plain(s: &str) -> String {
     let plain = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
         && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         && !matches!(s, "true" | "false" | "null" | "yes" | "no" | "on" | "off" | "y" | "n");
     if plain {
         s.to_string()
     } else {
-        Value::String(s.to_string()).to_string()
+        serde_json::Value::String(s.to_string()).to_string()
     }
 }
 
@@ -51,7 +134,7 @@ fn emit(v: &Value, indent: usize, out: &mut String, in_seq: bool) {
                 if !(in_seq && i == 0) {
                     out.push_str(&pad);
                 }
-                out.push_str(&plain_or_quoted(k));
+                out.push_str(&quoted_unless_plain(k));
                 out.push(':');
                 match scalar(val) {
                     Some(s) => {
@@ -94,13 +177,21 @@ fn emit(v: &Value, indent: usize, out: &mut String, in_seq: bool) {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn emits_parseable_yaml() {
-        let v = serde_json::json!({"a": 1, "b": ["x", "10.0.0.1"], "c": [{"d": null, "e": {"f": true}}, {"g": "02:00:0a"}]});
+    fn emits_parseable_yaml_in_field_order() {
+        #[derive(serde::Serialize)]
+        struct S {
+            z: u8,
+            b: Vec<&'static str>,
+            c: serde_json::Value,
+        }
+        let v = S {
+            z: 1,
+            b: vec!["x", "10.0.0.1"],
+            c: serde_json::json!([{"d": null, "e": {"f": true}}, {"g": "02:00:0a"}]),
+        };
         let y = super::to_yaml(&v).unwrap();
-        let node = marked_yaml::parse_yaml(0, &y).unwrap();
-        let back: serde_json::Value = marked_yaml::from_node(&node).unwrap_or_default();
-        let _ = back;
+        assert!(marked_yaml::parse_yaml(0, &y).is_ok(), "{y}");
+        assert!(y.starts_with("z: 1\nb: [x, \"10.0.0.1\"]\n"), "{y}");
         assert!(y.contains("- d: null\n    e:\n      f: true\n"), "{y}");
-        assert!(y.contains("b: [x, \"10.0.0.1\"]"), "{y}");
     }
 }
