@@ -14,6 +14,8 @@ use crate::{CommCounters, ConnCounters, SwitchEngineConfig, SwitchEvent, Transmi
 const CTRL_RESERVE: usize = 16;
 /// Collectives tracked at once per communicator (more means a peer runs ahead wildly).
 const MAX_COLLS: usize = 8;
+/// Retired collective numbers remembered.
+const RETIRED_MEMORY: usize = 16;
 
 #[derive(Debug)]
 struct Conn {
@@ -136,6 +138,8 @@ pub(crate) struct Comm {
     buf: Vec<u8>,
     stride: usize,
     colls: VecDeque<Coll>,
+    /// Recently retired collectives, so late messages for them create nothing.
+    retired: VecDeque<u32>,
     emit: VecDeque<usize>,
     counters: CommCounters,
 }
@@ -215,6 +219,7 @@ impl Comm {
             buf: vec![0; slots * stride],
             stride,
             colls: VecDeque::with_capacity(MAX_COLLS),
+            retired: VecDeque::with_capacity(RETIRED_MEMORY),
             emit: VecDeque::with_capacity(slots),
             counters: CommCounters { comm_id: rules.comm_id, ..CommCounters::default() },
         }
@@ -296,7 +301,7 @@ impl Comm {
         let rank = rule.ranks.first().copied().unwrap_or(NO_RANK);
         let seqs: Vec<u32> = self.colls.iter().filter(|c| !c.failed).map(|c| c.seq).collect();
         for seq in seqs {
-            self.fail_coll(seq, ErrorCode::ConnectionFailed, 0, rank, rank, Some(i), events);
+            self.fail_coll(seq, ErrorCode::ConnectionFailed, 0, rank, rank, events);
         }
     }
 
@@ -439,7 +444,11 @@ impl Comm {
                 Disposition::Accept
             }
             CtrlMsg::Error { seq, code, fields, rank_a, rank_b } => {
-                let Some(ci) = self.coll_index(seq) else {
+                // The Error is the last message of `seq` on this connection.
+                self.conns[idx].rx.retain(|e| e.seq != seq);
+                let existing =
+                    if from_parent { self.coll_index(seq) } else { self.get_or_create(seq) };
+                let Some(ci) = existing else {
                     if from_parent {
                         // Still tell the hosts: they may not have started `seq` yet.
                         for ch in self.children.clone() {
@@ -452,7 +461,7 @@ impl Comm {
                     self.colls[ci].errored |= 1 << o;
                 }
                 if !self.colls[ci].failed {
-                    self.fail_coll(seq, code, fields, rank_a, rank_b, Some(idx), events);
+                    self.fail_coll(seq, code, fields, rank_a, rank_b, events);
                 } else {
                     self.maybe_retire(seq);
                 }
@@ -473,29 +482,13 @@ impl Comm {
         events: &mut VecDeque<SwitchEvent>,
     ) -> Disposition {
         let ord = self.conns[idx].ord.expect("children have an ordinal");
-        let ci = match self.coll_index(seq) {
-            Some(ci) => ci,
-            None => {
-                if self.colls.len() >= MAX_COLLS {
-                    // Too far ahead of the slowest child: let it come back later.
-                    return Disposition::Rnr;
-                }
-                self.counters.collectives_started += 1;
-                self.colls.push_back(Coll {
-                    seq,
-                    reference: None,
-                    started: 0,
-                    errored: 0,
-                    ready: false,
-                    failed: false,
-                    roles: Roles::default(),
-                    up_done: 0,
-                    down_done: 0,
-                    prog_done: vec![0; self.children.len()],
-                    prog_sent: vec![0; self.children.len()],
-                });
-                self.colls.len() - 1
-            }
+        if self.retired.contains(&seq) {
+            self.counters.protocol_errors += 1;
+            return Disposition::Accept;
+        }
+        let Some(ci) = self.get_or_create(seq) else {
+            // Too far ahead of the slowest child: let it come back later.
+            return Disposition::Rnr;
         };
         if self.colls[ci].started & (1 << ord) != 0 {
             self.counters.protocol_errors += 1;
@@ -537,7 +530,7 @@ impl Comm {
         if let Some(reason) = bad {
             tracing::warn!(comm = self.rules.comm_id, seq, "{reason}");
             self.counters.protocol_errors += 1;
-            self.fail_coll(seq, ErrorCode::Protocol, 0, s.rank, s.rank, None, events);
+            self.fail_coll(seq, ErrorCode::Protocol, 0, s.rank, s.rank, events);
             return Disposition::Accept;
         }
         match self.colls[ci].reference {
@@ -572,7 +565,7 @@ impl Comm {
                         "operation mismatch: {}",
                         field::names(f)
                     );
-                    self.fail_coll(seq, ErrorCode::Mismatch, f, r.rank, s.rank, None, events);
+                    self.fail_coll(seq, ErrorCode::Mismatch, f, r.rank, s.rank, events);
                     return Disposition::Accept;
                 }
             }
@@ -581,6 +574,30 @@ impl Comm {
             self.make_ready(seq, events);
         }
         Disposition::Accept
+    }
+
+    fn get_or_create(&mut self, seq: u32) -> Option<usize> {
+        if let Some(ci) = self.coll_index(seq) {
+            return Some(ci);
+        }
+        if self.colls.len() >= MAX_COLLS || self.retired.contains(&seq) {
+            return None;
+        }
+        self.counters.collectives_started += 1;
+        self.colls.push_back(Coll {
+            seq,
+            reference: None,
+            started: 0,
+            errored: 0,
+            ready: false,
+            failed: false,
+            roles: Roles::default(),
+            up_done: 0,
+            down_done: 0,
+            prog_done: vec![0; self.children.len()],
+            prog_sent: vec![0; self.children.len()],
+        });
+        Some(self.colls.len() - 1)
     }
 
     fn make_ready(&mut self, seq: u32, events: &mut VecDeque<SwitchEvent>) {
@@ -658,7 +675,7 @@ impl Comm {
         if let Some(e) = error {
             self.counters.protocol_errors += 1;
             tracing::warn!(comm = self.rules.comm_id, seq, root = r.op.root, "{e}");
-            self.fail_coll(seq, ErrorCode::Protocol, 0, r.rank, r.op.root, None, events);
+            self.fail_coll(seq, ErrorCode::Protocol, 0, r.rank, r.op.root, events);
             return;
         }
         let coll = &mut self.colls[ci];
@@ -731,7 +748,7 @@ impl Comm {
                 "chunk of {} bytes, expected {len}",
                 payload.len()
             );
-            self.fail_coll(e.seq, ErrorCode::Protocol, 0, rank, rank, None, events);
+            self.fail_coll(e.seq, ErrorCode::Protocol, 0, rank, rank, events);
             return Disposition::Accept;
         }
         if Some(idx) == self.parent {
@@ -979,10 +996,13 @@ impl Comm {
                 self.counters.collectives_completed += 1;
             }
             self.colls.remove(ci);
+            if self.retired.len() == RETIRED_MEMORY {
+                self.retired.pop_front();
+            }
+            self.retired.push_back(seq);
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn fail_coll(
         &mut self,
         seq: u32,
@@ -990,7 +1010,6 @@ impl Comm {
         fields: u16,
         rank_a: u16,
         rank_b: u16,
-        source: Option<usize>,
         events: &mut VecDeque<SwitchEvent>,
     ) {
         let Some(ci) = self.coll_index(seq) else { return };
@@ -1027,7 +1046,9 @@ impl Comm {
         });
         let msg = CtrlMsg::Error { seq, code, fields, rank_a, rank_b };
         for i in 0..self.conns.len() {
-            if Some(i) != source && self.send_ctrl(i, &op, msg) {
+            // Also back to where the error came from: on each connection the Error is
+            // the delimiter after which no data of `seq` follows.
+            if self.send_ctrl(i, &op, msg) {
                 self.counters.errors_sent += 1;
             }
         }

@@ -48,7 +48,6 @@ pub struct SwitchEngineConfig {
     pub progress_every: Option<u32>,
 }
 
-
 /// A frame to send: `buf[..len]` out of port `port`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
@@ -511,3 +510,6 @@ impl SwitchEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
