@@ -193,8 +193,10 @@ impl UdpTransport {
             let now = self.now();
             let peer = self.peer.as_mut().expect("connected");
             for (i, m) in meta[..got].iter().enumerate() {
-                if m.truncated || m.from != peer.switch {
-                    // Not from our switch connection, or larger than any valid packet.
+                // The switch sends from a per-connection source port (not 4791): only its
+                // address identifies it; the engine checks the QPN and the ICRC.
+                if m.truncated || m.from.ip() != peer.switch.ip() {
+                    // Not from our switch, or larger than any valid packet.
                     trace!(from = %m.from, len = m.len, truncated = m.truncated, "datagram dropped");
                     self.stats.rx_dropped += 1;
                     continue;

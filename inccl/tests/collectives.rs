@@ -1,0 +1,200 @@
+//! Four ranks run every collective for every operator and datatype through the real
+//! controller and switch engines (1-2-4 tree) over the userspace RoCEv2 transport, in a
+//! private network namespace. Also the bounded-time failures: a missing controller, a
+//! wrong rank, a rank that never shows up, and a rank that dies.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{free_port, Fabric};
+use inccl::{CommConfig, DataType, Error, Group, GroupConfig, ReduceOp};
+
+const WORLD: u16 = 4;
+
+fn in_i32(i: usize, r: u16) -> i32 {
+    (i as u32).wrapping_mul(u32::from(r) + 1) as i32
+}
+
+fn in_f32(i: usize, r: u16) -> f32 {
+    (i % 1024) as f32 * f32::from(r + 1)
+}
+
+fn reduce_i32(i: usize, op: ReduceOp) -> i32 {
+    let v = (0..WORLD).map(|r| in_i32(i, r));
+    match op {
+        ReduceOp::Sum => v.fold(0, i32::wrapping_add),
+        ReduceOp::Max => v.max().unwrap(),
+        ReduceOp::Min => v.min().unwrap(),
+    }
+}
+
+fn reduce_f32(i: usize, op: ReduceOp) -> f32 {
+    let v = (0..WORLD).map(|r| in_f32(i, r));
+    match op {
+        ReduceOp::Sum => v.sum(),
+        ReduceOp::Max => v.fold(f32::MIN, f32::max),
+        ReduceOp::Min => v.fold(f32::MAX, f32::min),
+    }
+}
+
+fn comm_config() -> CommConfig {
+    let mut c = CommConfig::new(1 << 20);
+    c.op_timeout = Duration::from_secs(5);
+    c
+}
+
+/// Run `f(rank, config)` on `WORLD` threads (inside the fabric's namespace).
+fn ranks<T: Send>(fabric: &Fabric, f: impl Fn(u16, GroupConfig) -> T + Sync) -> Vec<T> {
+    let port = free_port();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..WORLD)
+            .map(|r| {
+                let cfg = fabric.group_config(WORLD, r, port);
+                let f = &f;
+                s.spawn(move || f(r, cfg))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    })
+}
+
+#[test]
+fn every_collective_operator_and_datatype() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    // Not a multiple of the 1024-byte MTU, and more chunks than the window of 64.
+    let n = 100_003;
+    ranks(&fabric, |rank, cfg| {
+        let group = Group::create(cfg).unwrap();
+        let mut comm = group.communicator(comm_config()).unwrap();
+        let si: Vec<i32> = (0..n).map(|i| in_i32(i, rank)).collect();
+        let sf: Vec<f32> = (0..n).map(|i| in_f32(i, rank)).collect();
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            let mut d = vec![0i32; n];
+            comm.allreduce(&si, &mut d, op).unwrap();
+            assert!((0..n).all(|i| d[i] == reduce_i32(i, op)), "rank {rank} allreduce int32 {op}");
+            let mut d = vec![0f32; n];
+            comm.allreduce(&sf, &mut d, op).unwrap();
+            assert!(
+                (0..n).all(|i| d[i].to_bits() == reduce_f32(i, op).to_bits()),
+                "rank {rank} allreduce f32 {op}"
+            );
+
+            let root = 2;
+            let mut d = vec![0i32; if rank == root { n } else { 0 }];
+            comm.reduce(&si, &mut d, op, root).unwrap();
+            if rank == root {
+                assert!((0..n).all(|i| d[i] == reduce_i32(i, op)), "reduce int32 {op}");
+            }
+            let mut d = vec![0f32; if rank == root { n } else { 0 }];
+            comm.reduce(&sf, &mut d, op, root).unwrap();
+            if rank == root {
+                assert!((0..n).all(|i| d[i] == reduce_f32(i, op)), "reduce f32 {op}");
+            }
+        }
+        for root in [1u16, 3] {
+            let mut b: Vec<i32> = if rank == root { si.clone() } else { vec![0; n] };
+            comm.broadcast(&mut b, root).unwrap();
+            assert!(
+                (0..n).all(|i| b[i] == in_i32(i, root)),
+                "rank {rank} broadcast int32 from {root}"
+            );
+            let mut b: Vec<f32> =
+                (0..n).map(|i| if rank == root { in_f32(i, root) } else { -1.0 }).collect();
+            comm.broadcast(&mut b, root).unwrap();
+            assert!(
+                (0..n).all(|i| b[i] == in_f32(i, root)),
+                "rank {rank} broadcast f32 from {root}"
+            );
+        }
+        comm.barrier().unwrap();
+        // In place, and tiny vectors right after large ones.
+        let mut v = vec![rank as i32 + 1; 3];
+        comm.allreduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v, vec![10; 3]);
+        let mut b = vec![0u8; 0];
+        comm.allreduce_bytes_in_place(&mut b, DataType::Int32, ReduceOp::Max).unwrap();
+        comm.destroy().unwrap();
+        group.destroy().unwrap();
+    });
+}
+
+#[test]
+fn missing_controller_fails_fast_on_every_rank() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    let dead = format!("127.0.0.1:{}", free_port());
+    let t = Instant::now();
+    let errs = ranks(&fabric, |_, mut cfg| {
+        cfg.controller = Some(dead.clone());
+        Group::create(cfg).unwrap_err().to_string()
+    });
+    assert!(t.elapsed() < Duration::from_secs(8), "took {:?}", t.elapsed());
+    assert!(errs[0].contains(&dead), "{}", errs[0]);
+    for e in &errs[1..] {
+        assert!(e.contains("rank 0 aborted") && e.contains(&dead), "{e}");
+    }
+}
+
+#[test]
+fn wrong_and_missing_ranks_are_named() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    let port = free_port();
+    let out: Vec<String> = std::thread::scope(|s| {
+        let mk = |r: u16| {
+            let mut c = fabric.group_config(3, r, port);
+            c.timeout = Duration::from_secs(2);
+            c
+        };
+        let h0 = s.spawn(move || Group::create(mk(0)).unwrap_err());
+        std::thread::sleep(Duration::from_millis(200));
+        let h1 = s.spawn(move || Group::create(mk(1)));
+        std::thread::sleep(Duration::from_millis(200));
+        // A second process claiming rank 1; rank 2 never starts.
+        let dup = Group::create(mk(1)).unwrap_err();
+        let e0 = h0.join().unwrap();
+        let e1 = h1.join().unwrap().unwrap_err();
+        vec![e0.to_string(), dup.to_string(), e1.to_string()]
+    });
+    assert!(out[0].contains("ranks [2]") && out[0].contains("timed out"), "{}", out[0]);
+    assert!(out[1].contains("rank 1") && out[1].contains("already taken"), "{}", out[1]);
+    assert!(out[2].contains("rank 0 aborted") && out[2].contains("[2]"), "{}", out[2]);
+    // A rank outside the world is refused before any network traffic.
+    let e = Group::create(fabric.group_config(3, 3, port)).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("rank 3"), "{e}");
+}
+
+#[test]
+fn dead_rank_gives_a_bounded_error() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    let t = Instant::now();
+    let errs = ranks(&fabric, |rank, cfg| {
+        let group = Group::create(cfg).unwrap();
+        let mut c = comm_config();
+        c.op_timeout = Duration::from_secs(2);
+        let mut comm = group.communicator(c).unwrap();
+        if rank == 3 {
+            // Dies: its QP and bootstrap connection go away without a word.
+            drop(comm);
+            drop(group);
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let src = vec![1i32; 50_000];
+        let mut dst = vec![0i32; 50_000];
+        let e = comm.allreduce(&src, &mut dst, ReduceOp::Sum).unwrap_err();
+        // Unusable afterwards, with the reason.
+        let again = comm.barrier().unwrap_err();
+        assert!(matches!(again, Error::Unusable(..)), "{again}");
+        Some(e)
+    });
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+    for (r, e) in errs.iter().enumerate().take(3) {
+        let e = e.as_ref().unwrap();
+        let s = e.to_string();
+        assert!(matches!(e, Error::Collective { .. }), "rank {r}: {s}");
+        assert!(s.contains("no progress"), "rank {r}: {s}");
+    }
+    let s0 = errs[0].as_ref().unwrap().to_string();
+    // Rank 3 for sure; ranks that already gave up may be listed too.
+    assert!(s0.contains("3] lost their bootstrap connection"), "{s0}");
+}
