@@ -60,6 +60,40 @@ pub fn compute_parts(parts: &[&[u8]]) -> u32 {
     hasher.finalize()
 }
 
+/// The addressing of a RoCEv2 datagram received or sent through a UDP socket: what is
+/// needed to rebuild the IPv4 and UDP headers the ICRC covers (TOS, TTL and the
+/// checksums are masked, so they are not needed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DatagramHeaders {
+    pub src_addr: std::net::Ipv4Addr,
+    pub dst_addr: std::net::Ipv4Addr,
+    pub src_port: u16,
+    pub dst_port: u16,
+    /// IPv4 identification (0 for an unconnected socket with `IP_PMTUDISC_DO`).
+    pub ident: u16,
+    pub dont_frag: bool,
+}
+
+/// The ICRC of a datagram given as its UDP payload without the ICRC (BTH through the
+/// last pad byte), rebuilding the IPv4/UDP headers from `h`, without copying the payload.
+/// Returns `None` if the datagram is too large for IPv4.
+pub fn compute_for_datagram(h: &DatagramHeaders, bth_to_payload_end: &[u8]) -> Option<u32> {
+    let udp_len = u16::try_from(8 + bth_to_payload_end.len() + ICRC_LEN).ok()?;
+    let total = udp_len.checked_add(20)?;
+    let mut hdr = [0u8; 28];
+    hdr[0] = 0x45;
+    hdr[2..4].copy_from_slice(&total.to_be_bytes());
+    hdr[4..6].copy_from_slice(&h.ident.to_be_bytes());
+    hdr[6] = if h.dont_frag { 0x40 } else { 0 };
+    hdr[9] = crate::ipv4::PROTOCOL_UDP;
+    hdr[12..16].copy_from_slice(&h.src_addr.octets());
+    hdr[16..20].copy_from_slice(&h.dst_addr.octets());
+    hdr[20..22].copy_from_slice(&h.src_port.to_be_bytes());
+    hdr[22..24].copy_from_slice(&h.dst_port.to_be_bytes());
+    hdr[24..26].copy_from_slice(&udp_len.to_be_bytes());
+    Some(compute_parts(&[&hdr, bth_to_payload_end]))
+}
+
 /// Reads the ICRC stored at the end of `ip_to_icrc_end` and checks it. Inputs shorter
 /// than the ICRC itself are reported as not matching.
 pub fn verify(ip_to_icrc_end: &[u8]) -> bool {
@@ -109,6 +143,34 @@ mod tests {
         assert_eq!(compute(&pkt), c);
         pkt[33] ^= 1;
         assert_ne!(compute(&pkt), c);
+    }
+
+    #[test]
+    fn datagram_matches_full_frame() {
+        use crate::{BthRepr, EthAddrs, EthernetAddress, Opcode, Psn, RoceRepr};
+        use std::net::Ipv4Addr;
+        let mut r = RoceRepr::new(
+            EthAddrs { src: EthernetAddress([2, 0, 0, 0, 0, 1]), dst: EthernetAddress([2; 6]) },
+            Ipv4Addr::new(10, 0, 0, 1),
+            Ipv4Addr::new(10, 0, 0, 2),
+            50000,
+            BthRepr::new(Opcode::RcSendOnly, 7, Psn::new(9)),
+        );
+        r.payload_len = 13;
+        r.ip_ident = 3;
+        let mut buf = [0u8; 128];
+        let n = r.emit(&mut buf, |p| p.fill(0xab)).unwrap();
+        let h = DatagramHeaders {
+            src_addr: r.ip_src,
+            dst_addr: r.ip_dst,
+            src_port: r.udp_src_port,
+            dst_port: r.udp_dst_port,
+            ident: 3,
+            dont_frag: true,
+        };
+        let got = compute_for_datagram(&h, &buf[42..n - ICRC_LEN]).unwrap();
+        assert_eq!(Some(got), stored(&buf[14..n]));
+        assert_eq!(compute_for_datagram(&h, &[0u8; 65535]), None);
     }
 
     proptest! {

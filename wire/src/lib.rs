@@ -32,6 +32,7 @@ pub use ext::{
     rnr_timer_for_duration, rnr_timer_to_duration, AethRepr, AethSyndrome, AtomicAckEthRepr,
     AtomicEthRepr, DethRepr, NakCode, RethRepr,
 };
+pub use icrc::DatagramHeaders;
 pub use imm::{DataType, ImmError, IncImm, Operator, Primitive};
 pub use ipv4::{Ipv4Packet, Ipv4Repr};
 pub use opcode::{Opcode, Transport};

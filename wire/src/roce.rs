@@ -63,6 +63,28 @@ impl ExtHeaders {
 }
 
 /// A parsed or to-be-emitted RoCEv2 frame, all headers but no payload bytes.
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use inc_wire::{AethRepr, AethSyndrome, BthRepr, EthAddrs, EthernetAddress, Opcode, Psn, RoceRepr};
+///
+/// // An ACK for PSN 41 with MSN 3 from 10.0.0.2 to 10.0.0.1, QP 0x11.
+/// let mut ack = RoceRepr::new(
+///     EthAddrs { src: "02:00:00:00:00:02".parse().unwrap(), dst: EthernetAddress([2, 0, 0, 0, 0, 1]) },
+///     Ipv4Addr::new(10, 0, 0, 2),
+///     Ipv4Addr::new(10, 0, 0, 1),
+///     49152,
+///     BthRepr::new(Opcode::RcAcknowledge, 0x11, Psn::new(41)),
+/// );
+/// ack.ext.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK, msn: 3 });
+/// let mut buf = [0u8; 128];
+/// let len = ack.emit(&mut buf, |_| {}).unwrap();
+/// assert_eq!(len, 62);
+///
+/// let frame = RoceRepr::parse(&buf[..len]).unwrap();
+/// assert!(frame.icrc_ok);
+/// assert_eq!(frame.repr.ext.aeth.unwrap().msn, 3);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RoceRepr {
     pub eth: EthAddrs,
