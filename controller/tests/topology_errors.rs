@@ -155,3 +155,17 @@ fn shipped_topologies_are_valid() {
     }
     assert!(n >= 3);
 }
+
+#[test]
+fn optional_fields() {
+    let text = GOOD
+        .replace("  address: 10.0.0.1:7000\n", "  address: 10.0.0.1:7000\n  mgmt_prefix: 16\ndefaults:\n  mtu: 4096\n  window: 8\n  link_mtu: 4200\n")
+        .replace("    name: b\n", "    name: b\n    mgmt: 10.0.9.9\n    max_slots: 64\n")
+        .replace("attach: \"a:h0\"", "attach: \"a:h0\", mac: learn, mgmt: 10.0.0.2");
+    let t = Topology::parse("t.yaml", &text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((t.defaults.mtu, t.defaults.window, t.defaults.link_mtu), (4096, 8, 4200));
+    assert_eq!(t.switches[1].mgmt.to_string(), "10.0.9.9");
+    assert_eq!(t.switches[0].mgmt.to_string(), "10.0.0.3", "explicit addresses are skipped");
+    assert_eq!(t.hosts[0].mac, None);
+    assert_eq!(t.switches[1].max_slots, 64);
+}
