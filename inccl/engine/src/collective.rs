@@ -79,6 +79,9 @@ struct Active {
     next_send: u64,
     /// Chunks complete end to end (results received or progress reported).
     completed: u64,
+    /// The network failed this collective before it started here: send the Start (so
+    /// the switch's bookkeeping closes) and fail.
+    doomed: Option<HostError>,
 }
 
 /// The collective state machine of one rank in one communicator.
@@ -88,6 +91,8 @@ pub struct HostCollective {
     seq: u32,
     next_pos: u64,
     active: Option<Active>,
+    /// An Error for the collective we have not started yet.
+    early_error: Option<(u32, HostError)>,
     done: Option<Result<(), HostError>>,
     counters: CollectiveCounters,
 }
@@ -100,6 +105,7 @@ impl HostCollective {
             seq: 0,
             next_pos: 0,
             active: None,
+            early_error: None,
             done: None,
             counters: CollectiveCounters::default(),
         }
@@ -188,6 +194,7 @@ impl HostCollective {
             gets_data,
             next_send: 0,
             completed: 0,
+            doomed: self.early_error.take().filter(|(s, _)| *s == self.seq).map(|(_, e)| e),
         });
         Ok(())
     }
@@ -207,7 +214,11 @@ impl HostCollective {
             msg.emit(out);
             a.start_sent = true;
             self.counters.tx_control += 1;
-            return Some(OutMessage { imm: Some(a.op.imm(MsgKind::Start)), len: coll::HEADER_LEN });
+            let imm = a.op.imm(MsgKind::Start);
+            if let Some(e) = a.doomed.take() {
+                self.fail(e);
+            }
+            return Some(OutMessage { imm: Some(imm), len: coll::HEADER_LEN });
         }
         if !a.sends_data
             || a.next_send >= a.chunks
@@ -255,6 +266,12 @@ impl HostCollective {
             self.counters.rx_unexpected += 1;
             return;
         };
+        if let CtrlMsg::Error { seq, .. } = msg {
+            if self.active.is_none() && seq == self.seq {
+                self.early_error = Some((seq, error_of(msg)));
+                return;
+            }
+        }
         let Some(a) = self.active.as_mut() else {
             self.counters.rx_unexpected += 1;
             return;
@@ -269,25 +286,7 @@ impl HostCollective {
                 a.completed = a.completed.max(completed.min(a.chunks));
                 self.check_done();
             }
-            CtrlMsg::Error { seq, code, fields, rank_a, rank_b } => {
-                let e = match code {
-                    ErrorCode::Mismatch => HostError::Mismatch {
-                        seq,
-                        fields: coll::field::names(fields),
-                        rank_a,
-                        rank_b,
-                    },
-                    ErrorCode::ConnectionFailed => HostError::Remote {
-                        seq,
-                        reason: format!("an RC connection towards rank {rank_a} failed"),
-                    },
-                    ErrorCode::Protocol => HostError::Remote {
-                        seq,
-                        reason: format!("protocol violation reported near rank {rank_a}"),
-                    },
-                };
-                self.fail(e);
-            }
+            CtrlMsg::Error { .. } => self.fail(error_of(msg)),
             _ => self.counters.rx_unexpected += 1,
         }
     }
@@ -368,5 +367,126 @@ impl HostCollective {
     /// The outcome of the last collective, once.
     pub fn poll_completion(&mut self) -> Option<Result<(), HostError>> {
         self.done.take()
+    }
+}
+
+fn error_of(msg: CtrlMsg) -> HostError {
+    let CtrlMsg::Error { seq, code, fields, rank_a, rank_b } = msg else {
+        return HostError::Protocol("not an error message".into());
+    };
+    match code {
+        ErrorCode::Mismatch => {
+            HostError::Mismatch { seq, fields: coll::field::names(fields), rank_a, rank_b }
+        }
+        ErrorCode::ConnectionFailed => HostError::Remote {
+            seq,
+            reason: format!("an RC connection towards rank {rank_a} failed"),
+        },
+        ErrorCode::Protocol => HostError::Remote {
+            seq,
+            reason: format!("protocol violation reported near rank {rank_a}"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inc_wire::{DataType, Operator};
+
+    fn spec(kind: CollectiveKind, count: u64) -> CollectiveSpec {
+        CollectiveSpec { kind, op: Operator::Sum, dtype: DataType::Int32, count }
+    }
+
+    #[test]
+    fn window_chunking_and_completion() {
+        let mut c =
+            HostCollective::new(CollectiveConfig { rank: 0, world_size: 2, mtu: 256, window: 2 });
+        let count = 130u64; // 520 bytes: chunks of 256, 256, 8
+        let src: Vec<u8> = (0..count as u32).flat_map(|x| x.to_ne_bytes()).collect();
+        let mut dst = vec![0u8; src.len()];
+        c.start(spec(CollectiveKind::AllReduce, count)).unwrap();
+        assert!(matches!(
+            c.start(spec(CollectiveKind::Barrier, 0)),
+            Err(HostError::Busy { seq: 0 })
+        ));
+        let mut out = vec![0u8; 256];
+        let mut bufs = OpBuffers::Separate { src: &src, dst: &mut dst };
+        let m = c.poll_send(&bufs, &mut out).unwrap();
+        assert_eq!(m.len, coll::HEADER_LEN);
+        let (_, start) = CtrlMsg::parse(m.imm.unwrap(), &out).unwrap();
+        assert_eq!(start, CtrlMsg::Start { seq: 0, count, start_pos: 0, chunks: 3, rank: 0 });
+        let mut chunks = Vec::new();
+        while let Some(m) = c.poll_send(&bufs, &mut out) {
+            chunks.push(out[..m.len].to_vec());
+        }
+        assert_eq!(chunks.len(), 2, "window of 2");
+        assert_eq!(&chunks[0][..4], &0u32.to_be_bytes(), "network byte order");
+        assert_eq!(c.handle_message(None, &chunks[0], &mut bufs), Delivery::Accepted);
+        let m = c.poll_send(&bufs, &mut out).unwrap();
+        assert_eq!(m.len, 8);
+        let last = out[..8].to_vec();
+        c.handle_message(None, &chunks[1], &mut bufs);
+        c.handle_message(None, &last, &mut bufs);
+        assert_eq!(c.poll_completion(), Some(Ok(())));
+        drop(bufs);
+        assert_eq!(dst, src);
+        // Data with nothing running is refused (RNR), the stream moved on by 3 chunks.
+        assert_eq!(c.handle_message(None, &last, &mut OpBuffers::None), Delivery::NotReady);
+        c.start(spec(CollectiveKind::Barrier, 5)).unwrap();
+        let m = c.poll_send(&OpBuffers::None, &mut out).unwrap();
+        let (_, start) = CtrlMsg::parse(m.imm.unwrap(), &out).unwrap();
+        assert_eq!(start, CtrlMsg::Start { seq: 1, count: 0, start_pos: 3, chunks: 1, rank: 0 });
+    }
+
+    #[test]
+    fn early_error_fails_the_next_collective() {
+        let mut c =
+            HostCollective::new(CollectiveConfig { rank: 1, world_size: 2, mtu: 256, window: 2 });
+        let op = CollOp {
+            primitive: Primitive::AllReduce,
+            operator: Operator::Sum,
+            datatype: DataType::Int32,
+            root: IncImm::ALL_RANKS,
+        };
+        let err = CtrlMsg::Error {
+            seq: 0,
+            code: ErrorCode::Mismatch,
+            fields: coll::field::COUNT,
+            rank_a: 0,
+            rank_b: 1,
+        };
+        c.handle_message(Some(op.imm(MsgKind::Error)), &err.to_bytes(), &mut OpBuffers::None);
+        c.start(spec(CollectiveKind::AllReduce, 4)).unwrap();
+        let mut out = vec![0u8; 256];
+        assert!(c.poll_send(&OpBuffers::None, &mut out).is_some(), "Start still goes out");
+        match c.poll_completion() {
+            Some(Err(HostError::Mismatch { fields, .. })) => assert_eq!(fields, "count"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reduce_non_root_completes_on_progress() {
+        let mut c =
+            HostCollective::new(CollectiveConfig { rank: 1, world_size: 2, mtu: 256, window: 8 });
+        let src = vec![0u8; 4 * 200];
+        c.start(spec(CollectiveKind::Reduce { root: 0 }, 200)).unwrap();
+        let mut out = vec![0u8; 256];
+        let bufs = OpBuffers::SendOnly(&src);
+        let mut n = 0;
+        while c.poll_send(&bufs, &mut out).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 5);
+        let op = CollOp {
+            primitive: Primitive::Reduce,
+            operator: Operator::Sum,
+            datatype: DataType::Int32,
+            root: 0,
+        };
+        let p = CtrlMsg::Progress { seq: 0, completed: 4 };
+        c.handle_message(Some(op.imm(MsgKind::Progress)), &p.to_bytes(), &mut OpBuffers::None);
+        assert_eq!(c.poll_completion(), Some(Ok(())));
     }
 }
