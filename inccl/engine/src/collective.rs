@@ -429,7 +429,6 @@ mod tests {
         c.handle_message(None, &chunks[1], &mut bufs);
         c.handle_message(None, &last, &mut bufs);
         assert_eq!(c.poll_completion(), Some(Ok(())));
-        drop(bufs);
         assert_eq!(dst, src);
         // Data with nothing running is refused (RNR), the stream moved on by 3 chunks.
         assert_eq!(c.handle_message(None, &last, &mut OpBuffers::None), Delivery::NotReady);
