@@ -745,10 +745,20 @@ fn create_communicator(
             g.comms.remove(&comm_id);
         }
     }
+    // Undo on every involved switch connected now (a switch that reconnected meanwhile
+    // may have received the rules through the re-push); answers do not matter.
+    let undo: Vec<Arc<SwitchConn>> = compiled
+        .rules
+        .iter()
+        .filter_map(|r| st.switches.get(&r.switch_id).cloned())
+        .chain(acked)
+        .collect();
     drop(st);
-    // Undo on the switches that did install; their answer does not matter.
-    for c in acked {
-        let _ = push(shared, &c, Message::RemoveCommunicator { comm_id });
+    let mut seen = BTreeSet::new();
+    for c in undo {
+        if seen.insert(c.conn_id) {
+            let _ = push(shared, &c, Message::RemoveCommunicator { comm_id });
+        }
     }
     if !alive {
         return Err(format!(
