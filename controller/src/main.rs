@@ -46,6 +46,9 @@ enum Cmd {
         /// Also print host endpoints.
         #[arg(long)]
         endpoints: bool,
+        /// Also print Reduce/Broadcast routes for every root rank.
+        #[arg(long)]
+        routes: bool,
     },
     /// Print the network-namespace plan of a topology (read by scripts/netns-up).
     Plan {
@@ -122,7 +125,7 @@ fn run() -> Result<()> {
                 t.switches[t.root].name
             );
         }
-        Cmd::Rules { topology, hosts, mtu, window, seed, endpoints } => {
+        Cmd::Rules { topology, hosts, mtu, window, seed, endpoints, routes } => {
             let t = Topology::load(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
             let ips: Vec<Ipv4Addr> =
                 if hosts.is_empty() { t.hosts.iter().map(|h| h.addr.ip).collect() } else { hosts };
@@ -146,6 +149,14 @@ fn run() -> Result<()> {
             if endpoints {
                 println!("---\n# host endpoints by rank");
                 print!("{}", inc_controller::yaml::to_yaml(&c.endpoints)?);
+            }
+            if routes {
+                for r in 0..ips.len() as u16 {
+                    println!("# Reduce to / Broadcast from rank {r}");
+                    for line in inc_controller::compiler::describe_routes(&c, r).lines() {
+                        println!("#   {line}");
+                    }
+                }
             }
         }
         Cmd::Plan { topology, prefix } => {

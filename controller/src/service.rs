@@ -317,6 +317,13 @@ fn token_ok(shared: &Shared, given: &Option<String>) -> bool {
 
 fn serve_connection(shared: &Arc<Shared>, mut stream: TcpStream, peer: SocketAddr, conn_id: u64) {
     let _ = stream.set_nodelay(true);
+    // Idle switch and rank-0 connections read without a timeout; keepalive notices a
+    // peer that vanished without closing (about 25 s).
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&ka);
     let _ = stream.set_write_timeout(Some(shared.cfg.frame_timeout));
     let writer = match stream.try_clone() {
         Ok(w) => Arc::new(Mutex::new(w)),
