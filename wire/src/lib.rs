@@ -27,7 +27,9 @@ pub mod udp;
 pub use arp::{ArpOperation, ArpPacket, ArpRepr};
 pub use bth::{BthPacket, BthRepr, BTH_LEN};
 pub use error::{Error, Result};
-pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
+pub use ethernet::{
+    EtherType, EthernetAddress, EthernetFrame, EthernetRepr, ParseEthernetAddressError,
+};
 pub use ext::{
     rnr_timer_for_duration, rnr_timer_to_duration, AethRepr, AethSyndrome, AtomicAckEthRepr,
     AtomicEthRepr, DethRepr, NakCode, RethRepr,

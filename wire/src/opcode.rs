@@ -222,8 +222,8 @@ impl Opcode {
 
     /// Carries a 16-byte RETH.
     pub fn has_reth(self) -> bool {
-        matches!(self.transport(), Transport::Rc | Transport::Uc)
-            && matches!(self.op(), Some(0x06 | 0x0a | 0x0b))
+        (matches!(self.transport(), Transport::Rc | Transport::Uc)
+            && matches!(self.op(), Some(0x06 | 0x0a | 0x0b)))
             || self == Opcode::RcRdmaReadRequest
     }
 

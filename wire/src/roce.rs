@@ -123,7 +123,6 @@ fn malformed(what: &'static str, reason: &'static str) -> Error {
 impl RoceRepr {
     /// Defaults for frames the project emits: IPv4 ID 0, DF, TTL 64, TOS 0, UDP
     /// destination port 4791; no extension headers, no payload.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         eth: EthAddrs,
         ip_src: Ipv4Addr,
