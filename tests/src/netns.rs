@@ -65,7 +65,7 @@ pub fn skip_reason(extra_bins: &[&str]) -> Option<String> {
 
 /// A short namespace prefix unique to this test process and tag.
 pub fn unique_prefix(tag: &str) -> String {
-    format!("t{}{}-", std::process::id() % 100_000, tag)
+    format!("t{}{}", std::process::id() % 100_000, tag)
 }
 
 /// Names of existing network namespaces that start with `prefix`.

@@ -178,6 +178,7 @@ struct Event {
     time: Nanos,
     seq: u64,
     to: EndpointKey,
+    corrupted: bool,
     frame: Vec<u8>,
 }
 
@@ -267,6 +268,7 @@ pub struct Fabric<N> {
     now: Nanos,
     seq: u64,
     events: u64,
+    corrupted_delivered: u64,
     buf: Vec<u8>,
 }
 
@@ -282,6 +284,7 @@ impl<N: Node> Fabric<N> {
             now: 0,
             seq: 0,
             events: 0,
+            corrupted_delivered: 0,
             buf: vec![0; MAX_FRAME],
         }
     }
@@ -353,6 +356,13 @@ impl<N: Node> Fabric<N> {
         t
     }
 
+    /// Corrupted frames handed to a node so far (a corrupted frame still in flight when
+    /// a run ends is not counted): every one must show up in some receiver's drop
+    /// counters.
+    pub fn corrupted_delivered(&self) -> u64 {
+        self.corrupted_delivered
+    }
+
     /// Frames in flight.
     pub fn in_flight(&self) -> usize {
         self.queue.len()
@@ -401,6 +411,7 @@ impl<N: Node> Fabric<N> {
                     self.now = self.now.max(ev.time);
                     self.events += 1;
                     let EndpointKey(node, port) = ev.to;
+                    self.corrupted_delivered += u64::from(ev.corrupted);
                     self.nodes[node].handle_frame(self.now, port, &ev.frame);
                 }
                 (_, Some((tt, node))) => {
@@ -485,16 +496,15 @@ impl<N: Node> Fabric<N> {
                 at += rng.gen_range(1..=f.reorder_max_delay.max(1));
             }
             let mut copy = frame.to_vec();
-            if rng.gen_bool(f.corrupt.clamp(0.0, 1.0)) && corrupt(rng, &mut copy) {
-                d.stats.corrupted += 1;
-            }
+            let corrupted = rng.gen_bool(f.corrupt.clamp(0.0, 1.0)) && corrupt(rng, &mut copy);
+            d.stats.corrupted += u64::from(corrupted);
             d.stats.delivered += 1;
-            copies.push((at, copy));
+            copies.push((at, corrupted, copy));
         }
-        for (time, frame) in copies {
+        for (time, corrupted, frame) in copies {
             self.seq += 1;
             let to = EndpointKey(to.node, to.port);
-            self.queue.push(Reverse(Event { time, seq: self.seq, to, frame }));
+            self.queue.push(Reverse(Event { time, seq: self.seq, to, corrupted, frame }));
         }
         Ok(())
     }
@@ -703,6 +713,8 @@ mod tests {
         assert_eq!(s.delivered, s.frames_sent - s.dropped + s.duplicated);
         let p = pinger(&f);
         let corrupted = p.echoes.iter().filter(|e| !e.2).count();
+        let injected = f.link_stats(0)[0].corrupted + f.link_stats(0)[1].corrupted;
+        assert!(f.corrupted_delivered() <= injected && f.corrupted_delivered() + 5 >= injected);
         assert!(corrupted > 300, "corruption on both directions should show: {corrupted}");
         let out_of_order = p.echoes.windows(2).filter(|w| w[1].0 < w[0].0).count();
         assert!(out_of_order > 0);

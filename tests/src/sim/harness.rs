@@ -1,0 +1,465 @@
+//! The engines on the fabric: switch nodes running `SwitchEngine` with the compiled
+//! rules, host nodes running one `HostEngine` per communicator they belong to, each with
+//! a queue of collectives started back to back.
+
+use std::collections::VecDeque;
+
+use inc_controller::Topology;
+use inc_ctrl_proto::Mac;
+use inc_protocol::Time;
+use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig, SwitchEvent};
+use inc_wire::{icrc, DataType, EthernetAddress, Ipv4Packet, Operator};
+use inccl_engine::{CollectiveKind, CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
+
+use super::cases::CollectiveCase;
+use super::fabric::{Nanos, Node};
+use super::plan::{host_mac, CompiledComm};
+use super::reference::{Dtype, Kind, Op};
+
+/// Offset of the BTH destination QP in an Ethernet/IPv4/UDP frame.
+const DEST_QP_OFFSET: usize = 14 + 20 + 8 + 5;
+
+fn time(now: Nanos) -> Time {
+    Time::from_nanos(now)
+}
+
+fn mac(m: Mac) -> EthernetAddress {
+    EthernetAddress(m.0)
+}
+
+/// Maps a generated collective to the engine's spec.
+pub fn engine_spec(case: &CollectiveCase) -> CollectiveSpec {
+    let kind = match case.kind {
+        Kind::AllReduce => CollectiveKind::AllReduce,
+        Kind::Reduce { root } => CollectiveKind::Reduce { root },
+        Kind::Broadcast { root } => CollectiveKind::Broadcast { root },
+        Kind::Barrier => CollectiveKind::Barrier,
+    };
+    let op = match (case.kind, case.op) {
+        (Kind::Barrier, _) => Operator::Barrier,
+        (_, Op::Sum) => Operator::Sum,
+        (_, Op::Max) => Operator::Max,
+        (_, Op::Min) => Operator::Min,
+    };
+    let dtype = match case.dtype {
+        Dtype::Int32 => DataType::Int32,
+        Dtype::Float32 => DataType::Float32,
+    };
+    CollectiveSpec { kind, op, dtype, count: case.count as u64 }
+}
+
+/// A switch on the fabric; fabric port `i` is the topology port `i`.
+#[derive(Debug)]
+pub struct SwitchNode {
+    /// Topology name.
+    pub name: String,
+    /// The engine.
+    pub engine: SwitchEngine,
+    /// Events the engine reported (connection or collective failures), with their time.
+    pub events: Vec<(Nanos, SwitchEvent)>,
+    /// Largest `memory_bytes` seen (sampled every few frames).
+    pub peak_memory: u64,
+    frames: u64,
+}
+
+impl SwitchNode {
+    /// A switch engine with the ports of topology switch `index`; `deterministic_float`
+    /// selects the fixed FLOAT32 combination order.
+    pub fn new(topo: &Topology, index: usize, deterministic_float: bool) -> Self {
+        let sw = &topo.switches[index];
+        let ports = sw
+            .ports
+            .iter()
+            .map(|p| PortConfig { name: p.name.clone(), ip: p.addr.ip, mac: mac(p.mac) })
+            .collect();
+        let config = SwitchEngineConfig {
+            switch_id: sw.id,
+            ports,
+            deterministic_float,
+            ..SwitchEngineConfig::default()
+        };
+        SwitchNode {
+            name: sw.name.clone(),
+            engine: SwitchEngine::new(config),
+            events: Vec::new(),
+            peak_memory: 0,
+            frames: 0,
+        }
+    }
+}
+
+impl SwitchNode {
+    /// Updates [`SwitchNode::peak_memory`] now.
+    pub fn sample_memory(&mut self) {
+        self.peak_memory = self.peak_memory.max(self.engine.counters().memory_bytes());
+    }
+
+    fn drain_events(&mut self, now: Nanos) {
+        while let Some(e) = self.engine.poll_event() {
+            self.events.push((now, e));
+        }
+    }
+}
+
+impl Node for SwitchNode {
+    fn handle_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+        self.engine.handle_frame(time(now), port, frame);
+        self.drain_events(now);
+        self.frames += 1;
+        // `counters()` allocates; sampling keeps the cost down while still seeing any
+        // growth that scales with the vector length.
+        if self.frames % 32 == 0 {
+            self.sample_memory();
+        }
+    }
+    fn handle_timeout(&mut self, now: Nanos) {
+        self.engine.handle_timeout(time(now));
+        self.drain_events(now);
+    }
+    fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<(usize, usize)> {
+        self.engine.poll_transmit(time(now), buf).map(|t| (t.port, t.len))
+    }
+    fn poll_timeout(&self) -> Option<Nanos> {
+        self.engine.poll_timeout().map(Time::as_nanos)
+    }
+}
+
+/// One collective of a rank: its input and output buffers.
+#[derive(Debug)]
+pub struct Job {
+    /// Position in the communicator's sequence.
+    pub index: usize,
+    /// What to run.
+    pub case: CollectiveCase,
+    /// This rank's input (native byte order).
+    pub input: Vec<u8>,
+    /// Output buffer (poisoned before the run; the input itself when in place).
+    pub output: Vec<u8>,
+}
+
+/// How a finished collective ended on one rank.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Position in the communicator's sequence.
+    pub index: usize,
+    /// The output buffer, for ranks that receive data.
+    pub output: Option<Vec<u8>>,
+    /// Simulated start and completion time on this rank.
+    pub started: Nanos,
+    /// Completion time.
+    pub finished: Nanos,
+}
+
+/// What this rank's role in `case` is: does it send, does it receive?
+fn role(case: &CollectiveCase, rank: u16) -> (bool, bool) {
+    match case.kind {
+        Kind::AllReduce => (true, true),
+        Kind::Reduce { root } => (true, rank == root),
+        Kind::Broadcast { root } => (rank == root, rank != root),
+        Kind::Barrier => (false, false),
+    }
+}
+
+/// Byte the output buffers are filled with before a collective, so unwritten elements
+/// show up as mismatches.
+pub const POISON: u8 = 0xEE;
+
+impl Job {
+    /// A job for `rank` with its input.
+    pub fn new(index: usize, case: CollectiveCase, rank: u16, input: Vec<u8>) -> Self {
+        let (_, receives) = role(&case, rank);
+        let output = match (receives, case.in_place) {
+            (true, true) => input.clone(),
+            (true, false) => vec![POISON; input.len()],
+            (false, _) => Vec::new(),
+        };
+        Job { index, case, input, output }
+    }
+
+    fn bufs(&mut self, rank: u16) -> OpBuffers<'_> {
+        match role(&self.case, rank) {
+            (false, false) => OpBuffers::None,
+            (true, false) => OpBuffers::SendOnly(&self.input),
+            (false, true) => OpBuffers::RecvOnly(&mut self.output),
+            (true, true) if self.case.in_place => OpBuffers::InPlace(&mut self.output),
+            (true, true) => OpBuffers::Separate { src: &self.input, dst: &mut self.output },
+        }
+    }
+}
+
+/// One rank of one communicator on a host.
+#[derive(Debug)]
+pub struct HostQp {
+    /// Index of the communicator in the scenario.
+    pub comm: usize,
+    /// Rank in it.
+    pub rank: u16,
+    /// Host QPN (frames are demultiplexed by destination QP).
+    pub qpn: u32,
+    /// The engine.
+    pub engine: HostEngine,
+    /// Collectives not started yet.
+    pub pending: VecDeque<Job>,
+    /// The running collective and its start time.
+    pub current: Option<(Job, Nanos)>,
+    /// Finished collectives, in order.
+    pub outcomes: Vec<Outcome>,
+    /// First error (a failed start or completion), with the collective index.
+    pub error: Option<String>,
+}
+
+impl HostQp {
+    /// Starts the next collective(s) and collects completions until the engine is busy.
+    fn service(&mut self, now: Nanos) {
+        loop {
+            if self.error.is_some() {
+                return;
+            }
+            if let Some((job, started)) = &mut self.current {
+                match self.engine.poll_completion() {
+                    None => return,
+                    Some(Err(e)) => {
+                        self.error = Some(format!(
+                            "comm {} rank {}: collective #{} ({}) failed at t={now}ns: {e}",
+                            self.comm,
+                            self.rank,
+                            job.index,
+                            job.case.describe()
+                        ));
+                        return;
+                    }
+                    Some(Ok(())) => {
+                        let (_, receives) = role(&job.case, self.rank);
+                        let output = receives.then(|| std::mem::take(&mut job.output));
+                        let started = *started;
+                        let index = job.index;
+                        self.outcomes.push(Outcome { index, output, started, finished: now });
+                        self.current = None;
+                    }
+                }
+            }
+            let Some(job) = self.pending.pop_front() else { return };
+            if let Err(e) = self.engine.start(time(now), engine_spec(&job.case)) {
+                self.error = Some(format!(
+                    "comm {} rank {}: starting collective #{} ({}) failed: {e}",
+                    self.comm,
+                    self.rank,
+                    job.index,
+                    job.case.describe()
+                ));
+                return;
+            }
+            self.current = Some((job, now));
+        }
+    }
+
+    /// True when every collective finished or one failed.
+    pub fn finished(&self) -> bool {
+        self.error.is_some() || (self.current.is_none() && self.pending.is_empty())
+    }
+}
+
+/// A host machine on the fabric (port 0), with one QP per communicator it belongs to.
+#[derive(Debug)]
+pub struct HostNode {
+    /// Topology name.
+    pub name: String,
+    /// Its QPs.
+    pub qps: Vec<HostQp>,
+    /// Round-robin start for `poll_transmit`, so no QP starves the others.
+    next_tx: usize,
+    /// Frames whose destination QP matched no QP here.
+    pub unknown_qp: u64,
+}
+
+impl HostNode {
+    /// A host without QPs.
+    pub fn new(name: &str) -> Self {
+        HostNode { name: name.to_string(), qps: Vec::new(), next_tx: 0, unknown_qp: 0 }
+    }
+
+    /// Adds rank `rank` of compiled communicator `comm` (index `comm_index`) on topology
+    /// host `host`, with its collectives.
+    pub fn add_qp(
+        &mut self,
+        topo: &Topology,
+        host: usize,
+        comm_index: usize,
+        comm: &CompiledComm,
+        rank: u16,
+        jobs: Vec<Job>,
+    ) {
+        let reg = &comm.ranks[usize::from(rank)];
+        let ep = &comm.compiled.endpoints[usize::from(rank)];
+        let world = comm.ranks.len() as u16;
+        let config = HostQpConfig::from_endpoint(ep, world, mac(host_mac(topo, host)), reg.ip);
+        self.qps.push(HostQp {
+            comm: comm_index,
+            rank,
+            qpn: reg.qpn,
+            engine: HostEngine::new(config),
+            pending: jobs.into(),
+            current: None,
+            outcomes: Vec::new(),
+            error: None,
+        });
+    }
+
+    /// Starts the first collective of every QP.
+    pub fn start(&mut self, now: Nanos) {
+        for qp in &mut self.qps {
+            qp.service(now);
+        }
+    }
+
+    /// True when every QP finished.
+    pub fn finished(&self) -> bool {
+        self.qps.iter().all(HostQp::finished)
+    }
+}
+
+impl Node for HostNode {
+    fn handle_frame(&mut self, now: Nanos, _port: usize, frame: &[u8]) {
+        let qpn = frame
+            .get(DEST_QP_OFFSET..DEST_QP_OFFSET + 3)
+            .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+        // A frame for no QP here (e.g. a corrupted QPN) goes to the first QP, whose
+        // engine must reject and count it like a NIC would.
+        let i = match self.qps.iter().position(|q| Some(q.qpn) == qpn) {
+            Some(i) => i,
+            None => {
+                self.unknown_qp += 1;
+                0
+            }
+        };
+        let Some(qp) = self.qps.get_mut(i) else { return };
+        let rank = qp.rank;
+        match &mut qp.current {
+            Some((job, _)) => qp.engine.handle_frame(time(now), frame, &mut job.bufs(rank)),
+            None => qp.engine.handle_frame(time(now), frame, &mut OpBuffers::None),
+        }
+        qp.service(now);
+    }
+
+    fn handle_timeout(&mut self, now: Nanos) {
+        for qp in &mut self.qps {
+            if qp.engine.poll_timeout().is_some_and(|t| t.as_nanos() <= now) {
+                qp.engine.handle_timeout(time(now));
+                qp.service(now);
+            }
+        }
+    }
+
+    fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<(usize, usize)> {
+        let n = self.qps.len();
+        for k in 0..n {
+            let i = (self.next_tx + k) % n;
+            let qp = &mut self.qps[i];
+            let rank = qp.rank;
+            let sent = match &mut qp.current {
+                Some((job, _)) => qp.engine.poll_transmit(time(now), buf, &job.bufs(rank)),
+                None => qp.engine.poll_transmit(time(now), buf, &OpBuffers::None),
+            };
+            if let Some(len) = sent {
+                self.next_tx = (i + 1) % n;
+                return Some((0, len));
+            }
+        }
+        None
+    }
+
+    fn poll_timeout(&self) -> Option<Nanos> {
+        self.qps.iter().filter_map(|q| q.engine.poll_timeout()).min().map(Time::as_nanos)
+    }
+
+    fn progress(&self) -> u64 {
+        // Changes whenever a chunk completes end to end or a collective finishes.
+        self.qps
+            .iter()
+            .map(|q| {
+                let chunks = q.engine.collective().progress().map_or(0, |p| p.0);
+                ((q.outcomes.len() as u64) << 40) + chunks
+            })
+            .sum()
+    }
+}
+
+/// Checks what every engine frame must be (DESIGN "wire protocol"): ARP, or IPv4 with a
+/// valid header checksum, ID 0, DF, TTL 64, TOS 0, UDP, and a correct ICRC.
+pub fn check_emitted(frame: &[u8]) -> Result<(), String> {
+    const ETH: usize = 14;
+    match frame.get(12..14) {
+        Some([0x08, 0x06]) => return Ok(()),
+        Some([0x08, 0x00]) => {}
+        _ => return Err("neither IPv4 nor ARP".into()),
+    }
+    let ip = Ipv4Packet::new_checked(&frame[ETH..]).map_err(|e| format!("IPv4: {e}"))?;
+    let bad = |what: &str| Err(format!("IPv4 {what}"));
+    if !ip.verify_checksum() {
+        return bad("header checksum wrong");
+    }
+    if ip.ident() != 0 || !ip.dont_frag() || ip.ttl() != 64 || ip.tos() != 0 {
+        return bad("ID/DF/TTL/TOS differ from 0/DF/64/0");
+    }
+    if ip.protocol() != 17 {
+        return bad("protocol is not UDP");
+    }
+    let total = usize::from(ip.total_len());
+    if ETH + total != frame.len() {
+        return Err(format!("frame of {} bytes, IPv4 total length {total}", frame.len()));
+    }
+    if !icrc::verify(&frame[ETH..]) {
+        return Err("ICRC wrong".into());
+    }
+    Ok(())
+}
+
+/// Either kind of node.
+#[derive(Debug)]
+pub enum SimNode {
+    /// A switch.
+    Switch(Box<SwitchNode>),
+    /// A host machine.
+    Host(Box<HostNode>),
+}
+
+impl SimNode {
+    fn node(&mut self) -> &mut dyn Node {
+        match self {
+            SimNode::Switch(s) => s.as_mut(),
+            SimNode::Host(h) => h.as_mut(),
+        }
+    }
+    fn node_ref(&self) -> &dyn Node {
+        match self {
+            SimNode::Switch(s) => s.as_ref(),
+            SimNode::Host(h) => h.as_ref(),
+        }
+    }
+}
+
+impl Node for SimNode {
+    fn handle_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+        self.node().handle_frame(now, port, frame);
+    }
+    fn handle_timeout(&mut self, now: Nanos) {
+        self.node().handle_timeout(now);
+    }
+    fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<(usize, usize)> {
+        let (port, len) = self.node().poll_transmit(now, buf)?;
+        if let Err(e) = check_emitted(&buf[..len]) {
+            let who = match self {
+                SimNode::Switch(s) => format!("switch {} port {port}", s.name),
+                SimNode::Host(h) => format!("host {}", h.name),
+            };
+            panic!("{who} emitted an invalid frame at t={now}ns: {e}");
+        }
+        Some((port, len))
+    }
+    fn poll_timeout(&self) -> Option<Nanos> {
+        self.node_ref().poll_timeout()
+    }
+    fn progress(&self) -> u64 {
+        self.node_ref().progress()
+    }
+}

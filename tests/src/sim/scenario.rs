@@ -1,0 +1,570 @@
+//! A whole simulated run: topology + communicators + collectives + link faults in,
+//! verified results and counters out.
+
+use std::fmt::Write as _;
+
+use inc_controller::Compiled;
+use inc_ctrl_proto::{Peer, SwitchRules, VALID_MTUS};
+use inc_switch_engine::SwitchCounters;
+use inccl_engine::HostCounters;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::cases::{gen_collective, gen_inputs, CaseShape, CollectiveCase, FloatInputs};
+use super::fabric::{
+    Endpoint, Fabric, FaultConfig, LinkConfig, LinkStats, Nanos, RunLimits, MICROS,
+};
+use super::harness::{HostNode, Job, SimNode, SwitchNode};
+use super::plan::{compile_comms, load_topology, random_hosts, CommPlan};
+use super::reference::{
+    combine, expected, first_mismatch, float_sum_out_of_bound, Dtype, Kind, Op,
+};
+
+/// The collectives one communicator runs, back to back on every rank.
+#[derive(Debug, Clone)]
+pub struct CommWorkload {
+    /// Topology host index of every rank, in rank order.
+    pub hosts: Vec<usize>,
+    /// Payload size override.
+    pub mtu: Option<u16>,
+    /// Window override.
+    pub window: Option<u32>,
+    /// The collectives, in order.
+    pub jobs: Vec<CollectiveCase>,
+}
+
+/// Everything that defines a run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Seeds inputs, QPNs/PSNs and faults.
+    pub seed: u64,
+    /// Topology file name under `topologies/` (without `.yaml`).
+    pub topology: String,
+    /// Communicators, all running at once.
+    pub comms: Vec<CommWorkload>,
+    /// Host-to-switch links.
+    pub host_link: LinkConfig,
+    /// Switch-to-switch links.
+    pub switch_link: LinkConfig,
+    /// Bounds of the run.
+    pub limits: RunLimits,
+    /// Switches combine FLOAT32 in a fixed child order; the reference then follows the
+    /// same tree order and every result is compared bit for bit.
+    pub deterministic_float: bool,
+}
+
+/// Counters and measurements of a verified run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Simulated time at the end.
+    pub sim_time: Nanos,
+    /// Events processed.
+    pub events: u64,
+    /// Link counters summed over all links and directions.
+    pub links: LinkStats,
+    /// Counters per switch (topology name).
+    pub switches: Vec<(String, SwitchCounters)>,
+    /// Counters per host QP: (host name, communicator index, rank).
+    pub hosts: Vec<(String, usize, u16, HostCounters)>,
+    /// Collectives verified (per communicator, not per rank).
+    pub collectives: usize,
+    /// Vector bytes of all verified collectives.
+    pub bytes: u64,
+    /// Frames delivered to a host with no QP of that number.
+    pub unknown_qp: u64,
+    /// Corrupted frames handed to a receiver.
+    pub corrupted_delivered: u64,
+    /// Peak `memory_bytes` per switch (same order as `switches`).
+    pub peak_memory: Vec<u64>,
+    /// Length-independent memory bound per switch, from its rules (same order).
+    pub memory_bound: Vec<u64>,
+    /// Events switches reported (failures), rendered.
+    pub switch_events: Vec<String>,
+}
+
+struct CommRun {
+    world: usize,
+    cases: Vec<CollectiveCase>,
+    /// Inputs per collective, per rank (only kept for FLOAT32 SUM bound checks).
+    inputs: Vec<Option<Vec<Vec<u8>>>>,
+    expected: Vec<Vec<Option<Vec<u8>>>>,
+}
+
+/// Builds the fabric for `s`, runs every collective and checks every rank's result.
+pub fn run(s: &Scenario) -> Result<Report, String> {
+    let topo = load_topology(&s.topology)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(s.seed);
+    let plans: Vec<CommPlan> = s
+        .comms
+        .iter()
+        .enumerate()
+        .map(|(i, c)| CommPlan {
+            comm_id: i as u32 + 1,
+            hosts: c.hosts.clone(),
+            mtu: c.mtu,
+            window: c.window,
+        })
+        .collect();
+    let comms = compile_comms(&mut rng, &topo, &plans)?;
+
+    let mut fabric: Fabric<SimNode> = Fabric::new(rng.gen());
+    let switch_nodes: Vec<usize> = (0..topo.switches.len())
+        .map(|i| {
+            let mut node = SwitchNode::new(&topo, i, s.deterministic_float);
+            for c in &comms {
+                for r in c.compiled.rules.iter().filter(|r| r.switch_id == topo.switches[i].id) {
+                    node.engine.install(r, inc_protocol::Time::ZERO).map_err(|e| {
+                        format!("switch {}: installing comm {}: {e}", node.name, r.comm_id)
+                    })?;
+                }
+            }
+            Ok(fabric.add_node(SimNode::Switch(Box::new(node))))
+        })
+        .collect::<Result<_, String>>()?;
+
+    // Inputs, expected results and each rank's jobs.
+    let mut runs = Vec::new();
+    let mut host_jobs: Vec<Vec<(usize, u16, Vec<Job>)>> =
+        (0..topo.hosts.len()).map(|_| Vec::new()).collect();
+    for (ci, w) in s.comms.iter().enumerate() {
+        let world = w.hosts.len();
+        let mut per_rank: Vec<Vec<Job>> = (0..world).map(|_| Vec::new()).collect();
+        let mut run =
+            CommRun { world, cases: w.jobs.clone(), inputs: Vec::new(), expected: Vec::new() };
+        for (ji, case) in w.jobs.iter().enumerate() {
+            let inputs = gen_inputs(&mut rng, case, world as u16);
+            let mut want = expected(case.kind, case.op, case.dtype, &inputs);
+            let tree_order = s.deterministic_float && needs_inputs(case);
+            if tree_order {
+                let r = tree_reduce(&comms[ci].compiled, case.op, case.dtype, &inputs);
+                for w in want.iter_mut().flatten() {
+                    w.clone_from(&r);
+                }
+            }
+            run.expected.push(want);
+            let keep = needs_inputs(case) && !tree_order;
+            run.inputs.push(keep.then(|| inputs.clone()));
+            for (rank, input) in inputs.into_iter().enumerate() {
+                per_rank[rank].push(Job::new(ji, case.clone(), rank as u16, input));
+            }
+        }
+        for (rank, jobs) in per_rank.into_iter().enumerate() {
+            host_jobs[w.hosts[rank]].push((ci, rank as u16, jobs));
+        }
+        runs.push(run);
+    }
+    let mut host_nodes = Vec::new();
+    for (h, jobs) in host_jobs.into_iter().enumerate() {
+        let mut node = HostNode::new(&topo.hosts[h].name);
+        for (ci, rank, jobs) in jobs {
+            node.add_qp(&topo, h, ci, &comms[ci], rank, jobs);
+        }
+        host_nodes.push(fabric.add_node(SimNode::Host(Box::new(node))));
+    }
+    for l in &topo.links {
+        fabric.connect(
+            Endpoint { node: switch_nodes[l.a.switch], port: l.a.port },
+            Endpoint { node: switch_nodes[l.b.switch], port: l.b.port },
+            s.switch_link,
+        );
+    }
+    for (h, host) in topo.hosts.iter().enumerate() {
+        fabric.connect(
+            Endpoint { node: host_nodes[h], port: 0 },
+            Endpoint { node: switch_nodes[host.attach.switch], port: host.attach.port },
+            s.host_link,
+        );
+    }
+    for n in fabric.nodes_mut() {
+        if let SimNode::Host(h) = n {
+            h.start(0);
+        }
+    }
+
+    let result = fabric.run_until(&s.limits, |nodes| {
+        nodes.iter().all(|n| match n {
+            SimNode::Host(h) => h.finished(),
+            SimNode::Switch(_) => true,
+        })
+    });
+    if let Err(e) = result {
+        return Err(format!("{e}\n{}", dump(&fabric, &runs)));
+    }
+    verify(&fabric, &runs).map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
+
+    let mut report = Report {
+        sim_time: fabric.now(),
+        events: fabric.events(),
+        links: fabric.total_stats(),
+        switches: Vec::new(),
+        hosts: Vec::new(),
+        collectives: runs.iter().map(|r| r.cases.len()).sum(),
+        bytes: runs.iter().flat_map(|r| &r.cases).map(|c| c.count as u64 * 4).sum(),
+        unknown_qp: 0,
+        corrupted_delivered: fabric.corrupted_delivered(),
+        peak_memory: Vec::new(),
+        memory_bound: Vec::new(),
+        switch_events: Vec::new(),
+    };
+    for n in fabric.nodes_mut() {
+        match n {
+            SimNode::Switch(sw) => {
+                sw.sample_memory();
+                let id = sw.engine.config().switch_id;
+                let rules =
+                    comms.iter().flat_map(|c| &c.compiled.rules).filter(|r| r.switch_id == id);
+                report
+                    .memory_bound
+                    .push(rules.map(|r| memory_bound(r, s.deterministic_float)).sum());
+                report.peak_memory.push(sw.peak_memory);
+                report.switches.push((sw.name.clone(), sw.engine.counters()));
+                report.switch_events.extend(
+                    sw.events.iter().map(|(t, e)| format!("switch {} t={t}ns: {e:?}", sw.name)),
+                );
+            }
+            SimNode::Host(h) => {
+                report.unknown_qp += h.unknown_qp;
+                for q in &h.qps {
+                    report.hosts.push((h.name.clone(), q.comm, q.rank, q.engine.counters()));
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The reduction combined the way switches in deterministic float mode do: at each
+/// switch, left to right over its children in connection order.
+pub fn tree_reduce(c: &Compiled, op: Op, dtype: Dtype, inputs: &[Vec<u8>]) -> Vec<u8> {
+    fn value(c: &Compiled, sw: u32, op: Op, dtype: Dtype, inputs: &[Vec<u8>]) -> Vec<u8> {
+        let rules = c.rules.iter().find(|r| r.switch_id == sw).expect("switch of the tree");
+        let mut acc: Option<Vec<u8>> = None;
+        for i in rules.children() {
+            let v = match rules.connections[i].peer {
+                Peer::Host { rank } => inputs[usize::from(rank)].clone(),
+                Peer::Switch { switch_id } => value(c, switch_id, op, dtype, inputs),
+            };
+            match &mut acc {
+                None => acc = Some(v),
+                Some(a) => combine(op, dtype, a, &v),
+            }
+        }
+        acc.expect("a switch of the tree has children")
+    }
+    value(c, c.root_switch, op, dtype, inputs)
+}
+
+/// Upper bound on a switch's memory for one communicator, from its rules alone (never
+/// from the vector length): the slot pool (times the fan-in in deterministic mode),
+/// slot metadata, and two send queues' worth of frames per connection.
+pub fn memory_bound(r: &SwitchRules, deterministic_float: bool) -> u64 {
+    let mtu = u64::from(r.mtu);
+    let slots = u64::from(r.slots);
+    let stride = if deterministic_float { mtu * r.fan_in().max(1) as u64 } else { mtu };
+    let per_conn = 2 * (2 * u64::from(r.window) + 16) * (mtu + 128);
+    slots * stride + slots * 64 + r.connections.len() as u64 * per_conn
+}
+
+/// Bytes a switch holds (current).
+pub fn switch_memory(c: &SwitchCounters) -> u64 {
+    c.memory_bytes()
+}
+
+/// Packets a switch retransmitted.
+pub fn switch_retransmits(c: &SwitchCounters) -> u64 {
+    c.retransmits()
+}
+
+/// Packets a host QP retransmitted.
+pub fn host_retransmits(c: &HostCounters) -> u64 {
+    c.rc.retransmits
+}
+
+/// Checks the counters against what the scenario implies:
+/// - no switch reported a failure, no collective failed or timed out, no mismatch or
+///   protocol error, no frame for an unknown QP;
+/// - every corrupted frame delivered was dropped by its receiver (bad ICRC or
+///   malformed), and nothing else was;
+/// - lossless links: zero retransmissions, timeouts, sequence NAKs, slot conflicts,
+///   RNR NAKs and back-pressure, on every switch and host;
+/// - switch memory stayed below a bound derived from the rules alone.
+pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
+    if let Some(e) = r.switch_events.first() {
+        return Err(format!("switch event: {e}"));
+    }
+    let mut detected = 0;
+    for (name, c) in &r.switches {
+        let d = &c.drops;
+        detected += d.bad_icrc + d.malformed;
+        let other = d.not_roce + d.unknown_qpn + d.wrong_peer + d.unsupported_opcode + d.bad_port;
+        if other > 0 {
+            return Err(format!("switch {name}: unexpected drops {d:?}"));
+        }
+        for cc in &c.comms {
+            if cc.collectives_failed + cc.mismatches + cc.protocol_errors + cc.control_send_failures
+                > 0
+            {
+                return Err(format!("switch {name} comm {}: failures in {cc:?}", cc.comm_id));
+            }
+            if let Some(conn) = cc.connections.iter().find(|c| c.failed) {
+                return Err(format!(
+                    "switch {name} comm {}: connection {} failed",
+                    cc.comm_id, conn.port
+                ));
+            }
+        }
+    }
+    for (host, comm, rank, c) in &r.hosts {
+        detected += c.rx_bad_icrc + c.rx_malformed;
+        let at = || format!("host {host} comm {comm} rank {rank}");
+        if c.collective.failed + c.progress_timeouts > 0 {
+            return Err(format!("{}: failed collectives in {c:?}", at()));
+        }
+        if c.rx_unsupported > 0 || c.collective.rx_unexpected > 0 {
+            return Err(format!("{}: unexpected frames in {c:?}", at()));
+        }
+    }
+    // A corrupted frame may also land on a QP other than its own (corrupted QPN).
+    let wrong_qp: u64 = r.hosts.iter().map(|h| h.3.rx_wrong_qp).sum();
+    if detected + wrong_qp < r.corrupted_delivered || detected > r.corrupted_delivered {
+        return Err(format!(
+            "{} corrupted frames delivered, but receivers dropped {detected} as bad ICRC/malformed \
+             and {wrong_qp} as for another QP",
+            r.corrupted_delivered
+        ));
+    }
+    if r.corrupted_delivered == 0 && (wrong_qp > 0 || r.unknown_qp > 0) {
+        return Err(format!("{wrong_qp} frames for a wrong QP without corruption"));
+    }
+    let lossless = s.host_link.faults.is_lossless() && s.switch_link.faults.is_lossless();
+    if lossless {
+        for (name, c) in &r.switches {
+            for cc in &c.comms {
+                if cc.slot_conflicts + cc.backpressure_rnr > 0 {
+                    return Err(format!(
+                        "switch {name} comm {}: lossless run with {} slot conflicts, {} back-pressure RNRs",
+                        cc.comm_id, cc.slot_conflicts, cc.backpressure_rnr
+                    ));
+                }
+                for conn in &cc.connections {
+                    let rc = &conn.rc;
+                    if rc.retransmits
+                        + rc.timeouts
+                        + rc.tx_seq_naks
+                        + rc.tx_rnr_naks
+                        + rc.rx_rnr_naks
+                        > 0
+                    {
+                        return Err(format!(
+                            "switch {name} comm {} connection {}: lossless run with {:?}",
+                            cc.comm_id, conn.port, rc
+                        ));
+                    }
+                }
+            }
+        }
+        for (host, comm, rank, c) in &r.hosts {
+            let rc = &c.rc;
+            if rc.retransmits + rc.timeouts + rc.tx_seq_naks + rc.tx_rnr_naks + rc.rx_rnr_naks > 0
+                || c.collective.not_ready > 0
+            {
+                return Err(format!(
+                    "host {host} comm {comm} rank {rank}: lossless run with {c:?}"
+                ));
+            }
+        }
+    }
+    for (i, (name, _)) in r.switches.iter().enumerate() {
+        if r.peak_memory[i] > r.memory_bound[i] {
+            return Err(format!(
+                "switch {name}: peak memory {} bytes above the bound {} from its rules",
+                r.peak_memory[i], r.memory_bound[i]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// FLOAT32 SUM over wide-range inputs is only checked within a bound, which needs them.
+fn needs_inputs(case: &CollectiveCase) -> bool {
+    case.dtype == Dtype::Float32 && case.op == Op::Sum && case.floats == FloatInputs::Wide
+}
+
+fn verify(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> Result<(), String> {
+    // outputs[comm][job][rank]
+    let mut outputs: Vec<Vec<Vec<Option<&[u8]>>>> =
+        runs.iter().map(|r| vec![vec![None; r.world]; r.cases.len()]).collect();
+    for n in fabric.nodes() {
+        let SimNode::Host(h) = n else { continue };
+        for q in &h.qps {
+            if let Some(e) = &q.error {
+                return Err(format!("host {}: {e}", h.name));
+            }
+            let want = runs[q.comm].cases.len();
+            if q.outcomes.len() != want {
+                return Err(format!(
+                    "host {} comm {} rank {}: {} of {want} collectives completed",
+                    h.name,
+                    q.comm,
+                    q.rank,
+                    q.outcomes.len()
+                ));
+            }
+            for o in &q.outcomes {
+                outputs[q.comm][o.index][usize::from(q.rank)] = o.output.as_deref();
+            }
+        }
+    }
+    for (ci, run) in runs.iter().enumerate() {
+        for (ji, case) in run.cases.iter().enumerate() {
+            let at = |rank: usize| {
+                format!("comm {ci} collective #{ji} ({}) rank {rank}", case.describe())
+            };
+            let mut first: Option<(usize, &[u8])> = None;
+            for (rank, (want, &got)) in run.expected[ji].iter().zip(&outputs[ci][ji]).enumerate() {
+                let (want, got) = match (want, got) {
+                    (None, _) => continue,
+                    (Some(_), None) => return Err(format!("{}: no output", at(rank))),
+                    (Some(w), Some(g)) => (w, g),
+                };
+                // Every rank that receives the same result must get it bit for bit.
+                if let Some((r0, g0)) = first {
+                    if case.kind == Kind::AllReduce {
+                        if let Some((i, g, w)) = first_mismatch(case.dtype, got, g0) {
+                            return Err(format!(
+                                "{}: element {i} = {g} differs from rank {r0}'s {w}",
+                                at(rank)
+                            ));
+                        }
+                    }
+                } else {
+                    first = Some((rank, got));
+                }
+                if let Some(inputs) = &run.inputs[ji] {
+                    let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+                    if let Some((i, g, exact, bound)) = float_sum_out_of_bound(got, &refs) {
+                        return Err(format!(
+                            "{}: element {i} = {g:e}, exact sum {exact:e}, error bound {bound:e}",
+                            at(rank)
+                        ));
+                    }
+                } else if let Some((i, g, w)) = first_mismatch(case.dtype, got, want) {
+                    return Err(format!("{}: element {i} = {g}, expected {w}", at(rank)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// State of every QP and link totals, for failure messages.
+fn dump(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> String {
+    let mut out = format!(
+        "t={}ns events={} in_flight={} links={:?}\n",
+        fabric.now(),
+        fabric.events(),
+        fabric.in_flight(),
+        fabric.total_stats()
+    );
+    for n in fabric.nodes() {
+        match n {
+            SimNode::Host(h) => {
+                for q in &h.qps {
+                    let cur = q.current.as_ref().map(|(j, t)| {
+                        format!("running #{} ({}) since t={t}ns", j.index, j.case.describe())
+                    });
+                    let _ = writeln!(
+                        out,
+                        "  host {} comm {} rank {}: {}/{} done, {}{}; {:?}",
+                        h.name,
+                        q.comm,
+                        q.rank,
+                        q.outcomes.len(),
+                        runs[q.comm].cases.len(),
+                        cur.unwrap_or_else(|| "idle".into()),
+                        q.error.as_deref().map(|e| format!(", error: {e}")).unwrap_or_default(),
+                        q.engine.counters()
+                    );
+                }
+            }
+            SimNode::Switch(sw) => {
+                let _ = writeln!(out, "  switch {}: {:?}", sw.name, sw.engine.counters());
+            }
+        }
+    }
+    out
+}
+
+/// Knobs for [`random_scenario`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    /// Collectives per communicator, drawn uniformly from this range.
+    pub jobs: std::ops::RangeInclusive<usize>,
+    /// Shape of each collective.
+    pub case: CaseShape,
+    /// Also run a second communicator over a random subset (≥ 2) of the hosts.
+    pub second_comm: bool,
+    /// Draw payload size and window per communicator instead of the topology defaults.
+    pub vary_mtu_window: bool,
+    /// Faults on every link.
+    pub faults: FaultConfig,
+    /// Switches in deterministic float mode.
+    pub deterministic_float: bool,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            jobs: 4..=10,
+            case: CaseShape::default(),
+            second_comm: false,
+            vary_mtu_window: false,
+            faults: FaultConfig::NONE,
+            deterministic_float: false,
+        }
+    }
+}
+
+/// A seeded random scenario on a shipped topology: the first communicator spans every
+/// host in a random rank order.
+pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scenario, String> {
+    let topo = load_topology(topology)?;
+    // A separate stream from the one `run` uses, so shapes do not shift inputs.
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5EED_0F5C_E7A2_1000);
+    let comm = |hosts: Vec<usize>, rng: &mut ChaCha8Rng| {
+        let (mtu, window) = if shape.vary_mtu_window {
+            (
+                Some(*VALID_MTUS.choose(rng).expect("non-empty")),
+                Some(*[1u32, 2, 3, 4, 8, 16, 64].choose(rng).expect("non-empty")),
+            )
+        } else {
+            (None, None)
+        };
+        let n = rng.gen_range(shape.jobs.clone());
+        let jobs = (0..n).map(|_| gen_collective(rng, hosts.len() as u16, &shape.case)).collect();
+        CommWorkload { hosts, mtu, window, jobs }
+    };
+    let all = random_hosts(&mut rng, &topo, topo.hosts.len());
+    let mut comms = vec![comm(all, &mut rng)];
+    if shape.second_comm {
+        let sub = random_hosts(&mut rng, &topo, 2);
+        comms.push(comm(sub, &mut rng));
+    }
+    let lossless = shape.faults.is_lossless();
+    let link = LinkConfig {
+        // Real links are FIFO; jitter (which reorders) only comes with the faults.
+        jitter: if lossless { 0 } else { 500 },
+        faults: shape.faults,
+        ..LinkConfig::default()
+    };
+    Ok(Scenario {
+        seed,
+        topology: topology.to_string(),
+        comms,
+        host_link: link,
+        switch_link: LinkConfig { latency: MICROS, ..link },
+        limits: RunLimits::default(),
+        deterministic_float: shape.deterministic_float,
+    })
+}
