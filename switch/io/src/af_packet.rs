@@ -224,14 +224,14 @@ impl AfPacketBackend {
         let page = 4096u32;
         if config.block_size == 0
             || config.block_size % page != 0
-            || (config.block_size as usize) < config.max_frame.min(9216) + 128
             || config.block_count == 0
             || config.tx_batch == 0
+            || config.max_frame < 64
         {
             return Err(IoError::Config(format!(
-                "bad AF_PACKET geometry: block size {} must be a multiple of {page} and hold a \
-                 {}-byte frame; block count and tx batch must be positive",
-                config.block_size, config.max_frame
+                "bad AF_PACKET geometry: block size {} must be a positive multiple of {page}; \
+                 block count and tx batch must be positive; max frame at least 64 bytes",
+                config.block_size
             )));
         }
         let epoll = Epoll::new()?;
@@ -298,7 +298,10 @@ impl AfPacketBackend {
                     let pkttype = unsafe {
                         (*(ring.base.add(block + sll_off) as *const libc::sockaddr_ll)).sll_pkttype
                     };
-                    if pkttype != libc::PACKET_OUTGOING {
+                    if h.tp_snaplen < h.tp_len {
+                        // Larger than a block holds: never hand a cut frame to the engine.
+                        c.rx_truncated += 1;
+                    } else if pkttype != libc::PACKET_OUTGOING {
                         // Safety: [off+mac, off+mac+snap) is inside the user-owned block.
                         let frame = unsafe {
                             std::slice::from_raw_parts(ring.base.add(block + off + mac), snap)

@@ -108,6 +108,8 @@ pub struct PortCounters {
     pub rx_bytes: u64,
     /// Frames the kernel or the backend dropped before the caller saw them (ring full).
     pub rx_dropped: u64,
+    /// Frames dropped because they did not fit a receive buffer (AF_PACKET: block size).
+    pub rx_truncated: u64,
     /// Frames sent.
     pub tx_packets: u64,
     /// Bytes sent.
