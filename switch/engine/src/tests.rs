@@ -698,3 +698,108 @@ fn reject_bad_rules() {
     assert!(matches!(e.install(&bad, Time::ZERO), Err(EngineError::WrongSwitch { .. })));
     assert!(matches!(e.remove(42), Err(EngineError::UnknownComm(42))));
 }
+
+/// Every collective kind back to back under heavy loss, over several seeds and window
+/// sizes: results exact, every rank completes, memory stays bounded.
+#[test]
+fn heavy_loss_mixed_collectives_many_seeds() {
+    let seeds: u64 = std::env::var("INC_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
+    let loss: f64 = std::env::var("INC_LOSS").ok().and_then(|s| s.parse().ok()).unwrap_or(0.10);
+    for seed in 0..seeds {
+        let mut t = tree_1_2_4();
+        t.window = [2, 4, 8, 16][seed as usize % 4];
+        t.mtu = [256, 512, 1024][seed as usize % 3];
+        let mut net = build(&t, SwitchEngineConfig::default(), loss, 100 + seed);
+        for round in 0..4u32 {
+            let count = 50 + (seed * 997 + u64::from(round) * 331) % 3000;
+            let root = ((seed + u64::from(round)) % 4) as u16;
+            let kind = match (seed + u64::from(round)) % 4 {
+                0 => CollectiveKind::AllReduce,
+                1 => CollectiveKind::Reduce { root },
+                2 => CollectiveKind::Broadcast { root },
+                _ => CollectiveKind::Barrier,
+            };
+            let op = [Operator::Sum, Operator::Max, Operator::Min][round as usize % 3];
+            let count = if kind == CollectiveKind::Barrier { 0 } else { count };
+            net.start(
+                |_| CollectiveSpec { kind, op, dtype: DataType::Int32, count },
+                |r| i32s(&input_i32(r, count, round)),
+            );
+            net.run(Duration::from_secs(120));
+            let fold = |i: usize| {
+                let v = (0..4).map(|r| input_i32(r, count, round)[i]);
+                match op {
+                    Operator::Sum => v.fold(0i32, |a, b| a.wrapping_add(b)),
+                    Operator::Max => v.max().unwrap(),
+                    _ => v.min().unwrap(),
+                }
+            };
+            let reduced: Vec<i32> = (0..count as usize).map(fold).collect();
+            for r in 0..4u16 {
+                let h = net.host(r as usize);
+                assert_eq!(h.result, Some(Ok(())), "seed {seed} round {round} {kind:?} rank {r}");
+                let out = from_i32s(&h.output);
+                match kind {
+                    CollectiveKind::AllReduce => {
+                        assert_eq!(out, reduced, "seed {seed} round {round}")
+                    }
+                    CollectiveKind::Reduce { root } if root == r => {
+                        assert_eq!(out, reduced, "seed {seed} round {round}")
+                    }
+                    CollectiveKind::Broadcast { root } if root != r => {
+                        assert_eq!(
+                            out,
+                            input_i32(root, count, round),
+                            "seed {seed} round {round} rank {r}"
+                        )
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for s in 0..3 {
+            let c = net.switch(s).counters();
+            assert_eq!(c.comms[0].protocol_errors, 0, "seed {seed} switch {s}: {c:?}");
+            assert_eq!(c.comms[0].collectives_failed, 0);
+        }
+    }
+}
+
+/// Engine cost, not a correctness test: `cargo test -p inc-switch-engine --release --
+/// --ignored throughput --nocapture`.
+#[test]
+#[ignore]
+fn throughput() {
+    let t = TreeSpec {
+        parents: vec![None, Some(0), Some(0)],
+        hosts: vec![1, 1, 2, 2],
+        mtu: 1024,
+        window: 64,
+    };
+    let mut net = build(&t, SwitchEngineConfig::default(), 0.0, 1);
+    net.latency = 20_000;
+    let count = 4u64 << 20; // 16 MiB per rank
+    let input: Vec<Vec<u8>> = (0..4).map(|r| i32s(&input_i32(r, count, 0))).collect();
+    let start = std::time::Instant::now();
+    net.start(
+        |_| CollectiveSpec {
+            kind: CollectiveKind::AllReduce,
+            op: Operator::Sum,
+            dtype: DataType::Int32,
+            count,
+        },
+        |r| input[r as usize].clone(),
+    );
+    net.run(Duration::from_secs(600));
+    let wall = start.elapsed();
+    for r in 0..4 {
+        assert_eq!(net.host(r).result, Some(Ok(())));
+    }
+    let frames: u64 = (0..3).map(|s| net.switch(s).counters().rx_frames).sum();
+    let sim = Duration::from_nanos(net.now);
+    eprintln!(
+        "16 MiB x 4 ranks AllReduce: {frames} switch rx frames in {wall:?} wall ({:.0} frames/s across switches+hosts+harness), simulated {sim:?} ({:.2} Gbit/s algbw at 20 us links)",
+        frames as f64 / wall.as_secs_f64(),
+        (count * 4 * 8) as f64 / sim.as_secs_f64() / 1e9
+    );
+}
