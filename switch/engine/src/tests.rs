@@ -803,3 +803,55 @@ fn throughput() {
         (count * 4 * 8) as f64 / sim.as_secs_f64() / 1e9
     );
 }
+
+/// Three levels, uneven fan-out, a host on an inner switch, a leaf with a single host,
+/// and a one-rank communicator.
+#[test]
+fn deep_uneven_trees_and_single_rank() {
+    let trees = [
+        TreeSpec {
+            parents: vec![None, Some(0), Some(0), Some(1), Some(1), Some(2)],
+            hosts: vec![3, 3, 4, 1, 5, 2, 5],
+            mtu: 512,
+            window: 4,
+        },
+        TreeSpec { parents: vec![None, Some(0), Some(1)], hosts: vec![2, 0], mtu: 256, window: 8 },
+        TreeSpec { parents: vec![None], hosts: vec![0], mtu: 256, window: 2 },
+    ];
+    for (ti, t) in trees.iter().enumerate() {
+        let world = t.hosts.len() as u16;
+        let mut net = build(t, SwitchEngineConfig::default(), 0.05, 40 + ti as u64);
+        for round in 0..2 * u32::from(world) {
+            let count = 100 + u64::from(round) * 77;
+            let root = (round % u32::from(world)) as u16;
+            let kind = match round % 3 {
+                0 => CollectiveKind::AllReduce,
+                1 => CollectiveKind::Reduce { root },
+                _ => CollectiveKind::Broadcast { root },
+            };
+            net.start(
+                |_| CollectiveSpec { kind, op: Operator::Sum, dtype: DataType::Int32, count },
+                |r| i32s(&input_i32(r, count, round)),
+            );
+            net.run(Duration::from_secs(120));
+            let sum: Vec<i32> = (0..count as usize)
+                .map(|i| {
+                    (0..world).fold(0i32, |a, r| a.wrapping_add(input_i32(r, count, round)[i]))
+                })
+                .collect();
+            for r in 0..world {
+                let h = net.host(r as usize);
+                assert_eq!(h.result, Some(Ok(())), "tree {ti} round {round} {kind:?} rank {r}");
+                let out = from_i32s(&h.output);
+                match kind {
+                    CollectiveKind::AllReduce => assert_eq!(out, sum),
+                    CollectiveKind::Reduce { root } if root == r => assert_eq!(out, sum),
+                    CollectiveKind::Broadcast { root } if root != r => {
+                        assert_eq!(out, input_i32(root, count, round))
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
