@@ -9,6 +9,7 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Binaries the end-to-end tests need in the binary directory.
@@ -19,7 +20,8 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
-/// Directory of the release binaries: `$INC_BIN_DIR` or `target/release`.
+/// Directory of the binaries under test: `$INC_BIN_DIR`, or the `test`-profile output
+/// directory that [`build_binaries`] fills.
 pub fn bin_dir() -> PathBuf {
     match std::env::var_os("INC_BIN_DIR") {
         Some(d) => PathBuf::from(d),
@@ -27,9 +29,35 @@ pub fn bin_dir() -> PathBuf {
             let target = std::env::var_os("CARGO_TARGET_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| repo_root().join("target"));
-            target.join("release")
+            target.join("debug")
         }
     }
+}
+
+/// Build the switch, controller and host programs once per test process (unless
+/// `$INC_BIN_DIR` points at prebuilt ones). The `test` profile (optimised, with debug
+/// assertions) reuses what `cargo test`/`nextest` already compiled, so this mostly links.
+pub fn build_binaries() -> Result<(), String> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if std::env::var_os("INC_BIN_DIR").is_some() {
+                return Ok(());
+            }
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .args(["build", "--quiet", "--profile", "test", "--bins"])
+                .args(["-p", "inc-switch", "-p", "inc-controller", "-p", "inccl-hosts"])
+                .current_dir(repo_root())
+                .output()
+                .map_err(|e| format!("cannot run cargo: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("building binaries failed:\n{}", String::from_utf8_lossy(&out.stderr)))
+            }
+        })
+        .clone()
 }
 
 fn is_root() -> bool {
@@ -51,12 +79,15 @@ pub fn skip_reason(extra_bins: &[&str]) -> Option<String> {
     if !ok {
         return Some("`ip netns` is unavailable".into());
     }
+    if let Err(e) = build_binaries() {
+        panic!("{e}");
+    }
     let dir = bin_dir();
     let missing: Vec<&str> =
         BINARIES.iter().chain(extra_bins).copied().filter(|b| !dir.join(b).is_file()).collect();
     if !missing.is_empty() {
         return Some(format!(
-            "binaries {missing:?} not in {} (run `cargo build --release --bins` first, or set INC_BIN_DIR)",
+            "binaries {missing:?} not in {} (not built by this workspace yet?)",
             dir.display()
         ));
     }
@@ -135,10 +166,18 @@ impl DemoOutcome {
 
 /// Run `scripts/demo --no-build --prefix P ARGS...` with a deadline; on timeout the
 /// whole process group gets SIGTERM (the script's trap tears down), then SIGKILL.
+/// Runs are serialised across test processes (nextest runs tests in parallel) with
+/// `flock` on a lock file: the machine is small and the runs are timing-sensitive.
 pub fn run_demo(prefix: &str, args: &[&str], deadline: Duration) -> DemoOutcome {
     let _guard = TeardownGuard::new(prefix);
     let root = repo_root();
-    let mut child = Command::new(root.join("scripts/demo"))
+    let lock = std::env::temp_dir().join("inc-e2e.lock");
+    let wait = deadline.as_secs().to_string();
+    let mut child = Command::new("flock")
+        .arg("-w")
+        .arg(&wait)
+        .arg(&lock)
+        .arg(root.join("scripts/demo"))
         .args(["--no-build", "--prefix", prefix])
         .args(args)
         .env("INC_BIN_DIR", bin_dir())

@@ -8,19 +8,46 @@
 use inc_tests::sim::cases::{CaseShape, CollectiveCase, FloatInputs};
 use inc_tests::sim::reference::{Dtype, Kind, Op};
 use inc_tests::sim::repro::run_seeds;
-use inc_tests::sim::scenario::{check_counters, random_scenario, run, Report, Scenario, Shape};
+use inc_tests::sim::scenario::{
+    check_counters, host_retransmits, random_scenario, run, switch_retransmits, Report, Scenario,
+    Shape,
+};
 use inc_tests::sim::{FaultConfig, LinkConfig, RunLimits, MICROS};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Runs `shape` on `topology` for every seed and checks results and counters.
 fn suite(test: &str, cases: u64, topology: &str, shape: impl Fn(u64) -> Shape) -> Vec<Report> {
-    run_seeds(test, cases, |seed| {
+    let reports = run_seeds(test, cases, |seed| {
         let s = random_scenario(seed, topology, &shape(seed))?;
         let r = run(&s)?;
         check_counters(&s, &r)?;
         Ok(r)
-    })
+    });
+    summary(test, topology, &reports);
+    reports
+}
+
+/// One line per suite (visible with `--nocapture`), so a run shows what it covered.
+fn summary(test: &str, topology: &str, reports: &[Report]) {
+    let sum = |f: &dyn Fn(&Report) -> u64| reports.iter().map(f).sum::<u64>();
+    let retx = sum(&|r| {
+        r.switches.iter().map(|(_, c)| switch_retransmits(c)).sum::<u64>()
+            + r.hosts.iter().map(|h| host_retransmits(&h.3)).sum::<u64>()
+    });
+    println!(
+        "{test} on {topology}: {} runs, {} collectives, {} MB, {} frames ({} dropped, {} duplicated, \
+         {} reordered, {} corrupted), {retx} retransmissions, {:.1} ms simulated",
+        reports.len(),
+        sum(&|r| r.collectives as u64),
+        sum(&|r| r.bytes) / 1_000_000,
+        sum(&|r| r.links.frames_sent),
+        sum(&|r| r.links.dropped),
+        sum(&|r| r.links.duplicated),
+        sum(&|r| r.links.reordered),
+        sum(&|r| r.links.corrupted),
+        sum(&|r| r.sim_time) as f64 / 1e6,
+    );
 }
 
 /// Loss, duplication and reordering each drawn from 0..=`max` per seed.
@@ -133,13 +160,14 @@ fn large_vectors() {
         ),
         (case(Kind::AllReduce, Op::Min, Dtype::Float32, mib), FaultConfig::uniform(0.05)),
     ];
-    run_seeds("large_vectors", cases.len() as u64, |seed| {
+    let reports = run_seeds("large_vectors", cases.len() as u64, |seed| {
         let (c, f) = cases[seed as usize % cases.len()].clone();
         let s = single(seed, "1-2-4", c, f);
         let r = run(&s)?;
         check_counters(&s, &r)?;
         Ok(r)
     });
+    summary("large_vectors", "1-2-4", &reports);
 }
 
 #[test]
@@ -185,12 +213,8 @@ fn goodput_report() {
         let started = std::time::Instant::now();
         let r = run(&s).expect("goodput run");
         let wall = started.elapsed();
-        let retrans: u64 = r
-            .switches
-            .iter()
-            .map(|(_, c)| inc_tests::sim::scenario::switch_retransmits(c))
-            .sum::<u64>()
-            + r.hosts.iter().map(|h| inc_tests::sim::scenario::host_retransmits(&h.3)).sum::<u64>();
+        let retrans: u64 = r.switches.iter().map(|(_, c)| switch_retransmits(c)).sum::<u64>()
+            + r.hosts.iter().map(|h| host_retransmits(&h.3)).sum::<u64>();
         let bytes = r.bytes as f64;
         println!(
             "loss {:>4.1}%: 16 MiB allreduce on 1-2-4 (10 Gb/s links) in {:.3} ms simulated = {:.2} Gb/s goodput; \

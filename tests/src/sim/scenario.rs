@@ -388,7 +388,10 @@ pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
 
 /// FLOAT32 SUM over wide-range inputs is only checked within a bound, which needs them.
 fn needs_inputs(case: &CollectiveCase) -> bool {
-    case.dtype == Dtype::Float32 && case.op == Op::Sum && case.floats == FloatInputs::Wide
+    matches!(case.kind, Kind::AllReduce | Kind::Reduce { .. })
+        && case.dtype == Dtype::Float32
+        && case.op == Op::Sum
+        && case.floats == FloatInputs::Wide
 }
 
 fn verify(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> Result<(), String> {
@@ -458,8 +461,10 @@ fn verify(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> Result<(), String> {
     Ok(())
 }
 
-/// State of every QP and link totals, for failure messages.
+/// State of every QP and switch, for failure messages: one line each, full counters
+/// with `INC_SIM_VERBOSE=1`.
 fn dump(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> String {
+    let verbose = std::env::var_os("INC_SIM_VERBOSE").is_some();
     let mut out = format!(
         "t={}ns events={} in_flight={} links={:?}\n",
         fabric.now(),
@@ -472,11 +477,17 @@ fn dump(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> String {
             SimNode::Host(h) => {
                 for q in &h.qps {
                     let cur = q.current.as_ref().map(|(j, t)| {
-                        format!("running #{} ({}) since t={t}ns", j.index, j.case.describe())
+                        let (done, total) = q.engine.collective().progress().unwrap_or((0, 0));
+                        format!(
+                            "running #{} ({}) since t={t}ns, {done}/{total} chunks",
+                            j.index,
+                            j.case.describe()
+                        )
                     });
-                    let _ = writeln!(
+                    let c = q.engine.counters();
+                    let _ = write!(
                         out,
-                        "  host {} comm {} rank {}: {}/{} done, {}{}; {:?}",
+                        "  host {} comm {} rank {}: {}/{} done, {}{}; retx {} timeouts {} naks rx/tx {}/{} rnr rx/tx {}/{}",
                         h.name,
                         q.comm,
                         q.rank,
@@ -484,12 +495,49 @@ fn dump(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> String {
                         runs[q.comm].cases.len(),
                         cur.unwrap_or_else(|| "idle".into()),
                         q.error.as_deref().map(|e| format!(", error: {e}")).unwrap_or_default(),
-                        q.engine.counters()
+                        c.rc.retransmits,
+                        c.rc.timeouts,
+                        c.rc.rx_seq_naks,
+                        c.rc.tx_seq_naks,
+                        c.rc.rx_rnr_naks,
+                        c.rc.tx_rnr_naks,
                     );
+                    if verbose {
+                        let _ = write!(out, "\n    {c:?}");
+                    }
+                    out.push('\n');
                 }
             }
             SimNode::Switch(sw) => {
-                let _ = writeln!(out, "  switch {}: {:?}", sw.name, sw.engine.counters());
+                let c = sw.engine.counters();
+                let _ = write!(
+                    out,
+                    "  switch {}: memory {} retx {} slot conflicts {} drops {:?}",
+                    sw.name,
+                    c.memory_bytes(),
+                    c.retransmits(),
+                    c.slot_conflicts(),
+                    c.drops
+                );
+                for cc in &c.comms {
+                    let _ = write!(
+                        out,
+                        "; comm {} started {} completed {} failed {} rnr {} protocol errors {}",
+                        cc.comm_id,
+                        cc.collectives_started,
+                        cc.collectives_completed,
+                        cc.collectives_failed,
+                        cc.backpressure_rnr,
+                        cc.protocol_errors
+                    );
+                }
+                for (t, e) in &sw.events {
+                    let _ = write!(out, "\n    event t={t}ns: {e:?}");
+                }
+                if verbose {
+                    let _ = write!(out, "\n    {c:?}");
+                }
+                out.push('\n');
             }
         }
     }
