@@ -65,7 +65,8 @@ fn is_root() -> bool {
     status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
 }
 
-/// Why end-to-end tests cannot run here, if they cannot.
+/// Why end-to-end tests cannot run here, if they cannot. Builds the binaries first
+/// (see [`build_binaries`]) and panics if that fails: a broken build is a failure.
 pub fn skip_reason(extra_bins: &[&str]) -> Option<String> {
     if !is_root() {
         return Some("not root (network namespaces need root)".into());
@@ -164,15 +165,17 @@ impl DemoOutcome {
     }
 }
 
-/// Run `scripts/demo --no-build --prefix P ARGS...` with a deadline; on timeout the
-/// whole process group gets SIGTERM (the script's trap tears down), then SIGKILL.
+/// Run `scripts/demo --no-build --prefix P ARGS...`: up to `run_time` waiting for the
+/// lock plus `run_time` running; past that the whole process group gets SIGTERM (the
+/// script's trap tears down), then SIGKILL.
 /// Runs are serialised across test processes (nextest runs tests in parallel) with
 /// `flock` on a lock file: the machine is small and the runs are timing-sensitive.
-pub fn run_demo(prefix: &str, args: &[&str], deadline: Duration) -> DemoOutcome {
+pub fn run_demo(prefix: &str, args: &[&str], run_time: Duration) -> DemoOutcome {
     let _guard = TeardownGuard::new(prefix);
     let root = repo_root();
     let lock = std::env::temp_dir().join("inc-e2e.lock");
-    let wait = deadline.as_secs().to_string();
+    let wait = run_time.as_secs().to_string();
+    let deadline = run_time * 2;
     let mut child = Command::new("flock")
         .arg("-w")
         .arg(&wait)

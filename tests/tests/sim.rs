@@ -122,6 +122,20 @@ fn mtu_and_window_variants() {
     });
 }
 
+/// Deterministic float mode: FLOAT32 sums over wide-range inputs must equal, bit for bit,
+/// the reduction combined in the switches' fixed tree order (and every rank agrees).
+#[test]
+fn deterministic_float_mode() {
+    for topology in ["1-2-4", "3-level"] {
+        suite("deterministic_float_mode", 40, topology, |seed| Shape {
+            deterministic_float: true,
+            case: CaseShape { wide_floats: 0.9, ..CaseShape::default() },
+            faults: if seed % 2 == 0 { FaultConfig::NONE } else { lossy(seed, 0.05) },
+            ..Shape::default()
+        });
+    }
+}
+
 #[test]
 fn corruption_is_detected_and_survived() {
     suite("corruption_is_detected_and_survived", 40, "1-2-4", |seed| Shape {
