@@ -35,3 +35,10 @@ pub use error::{Error, Result};
 pub use group::{Communicator, Group};
 pub use iface::DataPlane;
 pub use types::{DataType, Element, ReduceOp};
+
+/// Building blocks exposed for the point-to-point transport benchmark
+/// (`hosts/src/bin/inccl-p2p-bench.rs`); not a stable API.
+#[doc(hidden)]
+pub mod bench {
+    pub use crate::transport::udp::{RoceSocket, UdpStats};
+}
