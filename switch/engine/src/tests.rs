@@ -68,6 +68,8 @@ struct Net {
     now: u64,
     rng: ChaCha8Rng,
     loss: f64,
+    /// Probability that a delivered frame arrives twice.
+    dup: f64,
     latency: u64,
     ranks: Vec<usize>,
     /// Last delivery time per directed link: links are FIFO.
@@ -234,6 +236,7 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
         now: 0,
         rng: ChaCha8Rng::seed_from_u64(seed),
         loss,
+        dup: 0.0,
         latency: 5_000,
         ranks: (0..t.hosts.len()).map(host_node).collect(),
         cut: Default::default(),
@@ -851,6 +854,65 @@ fn deep_uneven_trees_and_single_rank() {
                     }
                     _ => {}
                 }
+            }
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    /// Aggregation under arbitrary loss, duplication, window, MTU, operator and type:
+    /// every rank gets the reference result (INT32 exact; FLOAT32 bit-identical on all
+    /// ranks and within rounding of the reference).
+    #[test]
+    fn aggregation_matches_reference(
+        seed in 0u64..1_000_000,
+        loss in 0.0f64..0.2,
+        dup in 0.0f64..0.1,
+        window in 1u32..12,
+        mtu_i in 0usize..3,
+        count in 0u64..2_000,
+        op_i in 0usize..3,
+        float in proptest::prelude::any::<bool>(),
+    ) {
+        let mut t = tree_1_2_4();
+        t.window = window;
+        t.mtu = [256, 512, 1024][mtu_i];
+        let mut net = build(&t, SwitchEngineConfig::default(), loss, seed);
+        net.dup = dup;
+        let op = [Operator::Sum, Operator::Max, Operator::Min][op_i];
+        let dtype = if float { DataType::Float32 } else { DataType::Int32 };
+        let value = |r: u16, i: u64| -> u32 {
+            let x = input_i32(r, count, seed as u32)[i as usize];
+            if float { ((x % 100_000) as f32 / 7.0).to_bits() } else { x as u32 }
+        };
+        let input = |r: u16| -> Vec<u8> { (0..count).flat_map(|i| value(r, i).to_ne_bytes()).collect() };
+        net.start(|_| CollectiveSpec { kind: CollectiveKind::AllReduce, op, dtype, count }, input);
+        net.run(Duration::from_secs(300));
+        let out0 = net.host(0).output.clone();
+        for r in 0..4 {
+            proptest::prop_assert_eq!(&net.host(r).result, &Some(Ok(())));
+            proptest::prop_assert_eq!(&net.host(r).output, &out0);
+        }
+        for i in 0..count {
+            let got = u32::from_ne_bytes(out0[i as usize * 4..i as usize * 4 + 4].try_into().unwrap());
+            if float {
+                let vals: Vec<f32> = (0..4).map(|r| f32::from_bits(value(r, i))).collect();
+                let want = match op {
+                    Operator::Sum => vals.iter().sum::<f32>(),
+                    Operator::Max => vals.iter().copied().fold(f32::MIN, f32::max),
+                    _ => vals.iter().copied().fold(f32::MAX, f32::min),
+                };
+                let got = f32::from_bits(got);
+                proptest::prop_assert!((got - want).abs() <= 1e-3 * want.abs().max(1.0), "elem {} got {} want {}", i, got, want);
+            } else {
+                let vals = (0..4).map(|r| value(r, i) as i32);
+                let want = match op {
+                    Operator::Sum => vals.fold(0i32, |a, b| a.wrapping_add(b)),
+                    Operator::Max => vals.max().unwrap(),
+                    _ => vals.min().unwrap(),
+                };
+                proptest::prop_assert_eq!(got as i32, want, "elem {}", i);
             }
         }
     }
