@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::path::Path;
 
 use anyhow::Result;
 use inc_wire::{
     rnr_timer_to_duration, AethRepr, AethSyndrome, Error as WireError, IncImm, NakCode, Opcode,
-    RoceFrame, RoceRepr,
+    Psn, RoceFrame, RoceRepr,
 };
 
 use crate::source::{for_each_frame, to_ethernet};
@@ -17,7 +18,49 @@ use crate::source::{for_each_frame, to_ethernet};
 pub struct Options {
     pub quiet: bool,
     pub inc_imm: bool,
+    pub flows: bool,
 }
+
+/// Per-connection statistics for `--flows`: one entry per (source IP, destination IP,
+/// destination QP, requests or responses), so each entry follows one PSN space.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flow {
+    pub packets: u64,
+    pub requests: u64,
+    /// Requests whose PSN is not after the highest PSN seen before (go-back-N resends).
+    pub resent: u64,
+    pub acks: u64,
+    pub naks: u64,
+    pub rnr_naks: u64,
+    pub first_psn: Option<Psn>,
+    pub highest_psn: Option<Psn>,
+}
+
+impl Flow {
+    fn record(&mut self, r: &RoceRepr) {
+        self.packets += 1;
+        let psn = r.bth.psn;
+        self.first_psn.get_or_insert(psn);
+        if r.bth.opcode.is_request() {
+            self.requests += 1;
+            if self.highest_psn.is_some_and(|h| !psn.is_after(h)) {
+                self.resent += 1;
+            }
+        }
+        if self.highest_psn.is_none_or(|h| psn.is_after(h)) {
+            self.highest_psn = Some(psn);
+        }
+        match r.ext.aeth.map(|a| a.syndrome) {
+            Some(AethSyndrome::Ack { .. }) => self.acks += 1,
+            Some(AethSyndrome::Nak(_)) => self.naks += 1,
+            Some(AethSyndrome::RnrNak { .. }) => self.rnr_naks += 1,
+            None => {}
+        }
+    }
+}
+
+/// (source, destination, destination QP, true for responses: ACKs, READ/atomic responses)
+type FlowKey = (Ipv4Addr, Ipv4Addr, u32, bool);
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
@@ -31,6 +74,7 @@ pub struct Summary {
     /// Frames that are not RoCEv2 (or whose link type is not supported).
     pub other: u64,
     pub opcodes: BTreeMap<u8, u64>,
+    pub flows: BTreeMap<FlowKey, Flow>,
 }
 
 impl Summary {
@@ -75,6 +119,11 @@ pub fn check_file(path: &Path, opts: &Options, out: &mut impl Write) -> Result<S
             Ok(f) => {
                 s.roce += 1;
                 *s.opcodes.entry(f.repr.bth.opcode.into()).or_default() += 1;
+                if opts.flows {
+                    let r = &f.repr;
+                    let key = (r.ip_src, r.ip_dst, r.bth.dest_qp, r.bth.opcode.is_response());
+                    s.flows.entry(key).or_default().record(&f.repr);
+                }
                 if f.icrc_ok {
                     s.icrc_ok += 1;
                 } else {
@@ -174,6 +223,21 @@ fn write_summary(out: &mut impl Write, path: &Path, s: &Summary) -> std::io::Res
         let list: Vec<String> =
             s.opcodes.iter().map(|(&op, count)| format!("{} {count}", Opcode::from(op))).collect();
         writeln!(out, "  opcodes: {}", list.join(", "))?;
+    }
+    for ((src, dst, qp, response), f) in &s.flows {
+        let psns = match (f.first_psn, f.highest_psn) {
+            (Some(a), Some(b)) => format!("psn {a}..{b}"),
+            _ => String::new(),
+        };
+        let what = if *response {
+            format!(
+                "{} responses ({} ACK, {} NAK, {} RNR NAK)",
+                f.packets, f.acks, f.naks, f.rnr_naks
+            )
+        } else {
+            format!("{} requests ({} resent)", f.requests, f.resent)
+        };
+        writeln!(out, "  flow {src} > {dst} qp 0x{qp:06x}: {what}, {psns}")?;
     }
     Ok(())
 }

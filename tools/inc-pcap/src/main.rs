@@ -43,14 +43,19 @@ enum Command {
         /// Also decode ImmDt as the INC immediate (dest rank/primitive/operator/type).
         #[arg(long)]
         inc_imm: bool,
+        /// Also print per-connection statistics: one line per (source IP, destination
+        /// IP, destination QP) with packets, requests, resent requests (PSN not after
+        /// the highest seen), ACKs, NAKs, RNR NAKs and the PSN range.
+        #[arg(long)]
+        flows: bool,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Check { files, quiet, inc_imm } => {
-            let opts = check::Options { quiet, inc_imm };
+        Command::Check { files, quiet, inc_imm, flows } => {
+            let opts = check::Options { quiet, inc_imm, flows };
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             let mut failed = false;

@@ -150,3 +150,20 @@ fn unreadable_file_exits_2_and_names_it() {
     assert_eq!(code, 2);
     assert!(out.contains("/nonexistent/x.pcap"), "{out}");
 }
+
+#[test]
+fn flows_count_go_back_n_resends_naks_and_rnr_naks() {
+    let out = Command::new(env!("CARGO_BIN_EXE_inc-pcap"))
+        .args(["check", "--quiet", "--flows"])
+        .arg(fixture("ci-fault-roce.pcap"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let out = String::from_utf8(out.stdout).unwrap();
+    // The dropped SEND_MIDDLE: a sequence NAK, then PSNs 10902782..84 resent.
+    assert!(out.contains("10.77.0.2 > 10.77.0.1 qp 0x000011: 11 requests (3 resent)"), "{out}");
+    assert!(out.contains("10.77.0.1 > 10.77.0.2 qp 0x000011: 3 responses (2 ACK, 1 NAK"), "{out}");
+    // A READ retried after a lost response and a SEND retried after 3 RNR NAKs.
+    assert!(out.contains("10.77.0.2 > 10.77.0.1 qp 0x000012: 18 requests (4 resent)"), "{out}");
+    assert!(out.contains("(13 ACK, 0 NAK, 3 RNR NAK)"), "{out}");
+}
