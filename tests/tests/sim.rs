@@ -144,6 +144,37 @@ fn corruption_is_detected_and_survived() {
     });
 }
 
+/// Ranks start each collective after a random "compute" delay (so they are skewed by up
+/// to 300 µs) over links with different latencies (0.5-50 µs) and rates (1-100 Gb/s):
+/// still lossless, so still no retransmission, slot conflict or RNR.
+#[test]
+fn skewed_ranks_on_heterogeneous_links() {
+    let shape = |_| Shape { think_time: 300 * MICROS, heterogeneous: true, ..Shape::default() };
+    suite("skewed_ranks_on_heterogeneous_links", 60, "1-2-4", shape);
+    suite("skewed_ranks_on_heterogeneous_links", 30, "3-level", shape);
+}
+
+/// One link (drawn per seed) loses, duplicates and reorders 30% of its frames.
+#[test]
+fn one_very_bad_link() {
+    suite("one_very_bad_link", 60, "3-level", |_| Shape {
+        hot_link: Some(FaultConfig::uniform(0.3)),
+        heterogeneous: true,
+        ..Shape::default()
+    });
+}
+
+/// Frames held back for up to 5 ms (beyond the 1 ms RTO floor) arrive after their
+/// retransmissions: stale duplicates and ACKs from far in the past.
+#[test]
+fn long_reordering_delays() {
+    suite("long_reordering_delays", 60, "1-2-4", |seed| Shape {
+        faults: FaultConfig { reorder_max_delay: 5 * inc_tests::sim::MILLIS, ..lossy(seed, 0.05) },
+        jitter: 20 * MICROS,
+        ..Shape::default()
+    });
+}
+
 /// A scenario with one collective of `count` elements on all hosts of `topology`.
 fn single(seed: u64, topology: &str, case: CollectiveCase, faults: FaultConfig) -> Scenario {
     let mut s = random_scenario(seed, topology, &Shape { jobs: 1..=1, faults, ..Shape::default() })

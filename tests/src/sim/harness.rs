@@ -135,6 +135,9 @@ pub struct Job {
     pub input: Vec<u8>,
     /// Output buffer (poisoned before the run; the input itself when in place).
     pub output: Vec<u8>,
+    /// How long the rank "computes" before starting this collective (after the
+    /// previous one completed, or after t=0): skews ranks against each other.
+    pub delay: Nanos,
 }
 
 /// How a finished collective ended on one rank.
@@ -166,14 +169,20 @@ pub const POISON: u8 = 0xEE;
 
 impl Job {
     /// A job for `rank` with its input.
-    pub fn new(index: usize, case: CollectiveCase, rank: u16, input: Vec<u8>) -> Self {
+    pub fn new(
+        index: usize,
+        case: CollectiveCase,
+        rank: u16,
+        input: Vec<u8>,
+        delay: Nanos,
+    ) -> Self {
         let (_, receives) = role(&case, rank);
         let output = match (receives, case.in_place) {
             (true, true) => input.clone(),
             (true, false) => vec![POISON; input.len()],
             (false, _) => Vec::new(),
         };
-        Job { index, case, input, output }
+        Job { index, case, input, output, delay }
     }
 
     fn bufs(&mut self, rank: u16) -> OpBuffers<'_> {
@@ -206,6 +215,8 @@ pub struct HostQp {
     pub outcomes: Vec<Outcome>,
     /// First error (a failed start or completion), with the collective index.
     pub error: Option<String>,
+    /// When the next collective starts (its [`Job::delay`] is running).
+    pub start_at: Option<Nanos>,
 }
 
 impl HostQp {
@@ -238,7 +249,16 @@ impl HostQp {
                     }
                 }
             }
-            let Some(job) = self.pending.pop_front() else { return };
+            let Some(next) = self.pending.front() else { return };
+            match self.start_at {
+                None if next.delay > 0 => {
+                    self.start_at = Some(now + next.delay);
+                    return;
+                }
+                Some(t) if now < t => return,
+                _ => self.start_at = None,
+            }
+            let job = self.pending.pop_front().expect("front exists");
             if let Err(e) = self.engine.start(time(now), engine_spec(&job.case)) {
                 self.error = Some(format!(
                     "comm {} rank {}: starting collective #{} ({}) failed: {e}",
@@ -302,6 +322,7 @@ impl HostNode {
             current: None,
             outcomes: Vec::new(),
             error: None,
+            start_at: None,
         });
     }
 
@@ -347,6 +368,9 @@ impl Node for HostNode {
                 qp.engine.handle_timeout(time(now));
                 qp.service(now);
             }
+            if qp.start_at.is_some_and(|t| t <= now) {
+                qp.service(now);
+            }
         }
     }
 
@@ -369,7 +393,8 @@ impl Node for HostNode {
     }
 
     fn poll_timeout(&self) -> Option<Nanos> {
-        self.qps.iter().filter_map(|q| q.engine.poll_timeout()).min().map(Time::as_nanos)
+        let engines = self.qps.iter().filter_map(|q| q.engine.poll_timeout()).map(Time::as_nanos);
+        engines.chain(self.qps.iter().filter_map(|q| q.start_at)).min()
     }
 
     fn progress(&self) -> u64 {

@@ -52,6 +52,13 @@ pub struct Scenario {
     /// Switches combine FLOAT32 in a fixed child order; the reference then follows the
     /// same tree order and every result is compared bit for bit.
     pub deterministic_float: bool,
+    /// Each rank waits a random time in `[0, think_time]` before each collective.
+    pub think_time: Nanos,
+    /// Every link gets its own latency (0.5-50 µs) and rate (1-100 Gb/s), drawn from
+    /// the seed, instead of `host_link`/`switch_link`'s.
+    pub heterogeneous: bool,
+    /// One link (drawn from the seed) gets these faults instead.
+    pub hot_link: Option<FaultConfig>,
 }
 
 /// Counters and measurements of a verified run.
@@ -146,7 +153,8 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             let keep = needs_inputs(case) && !tree_order;
             run.inputs.push(keep.then(|| inputs.clone()));
             for (rank, input) in inputs.into_iter().enumerate() {
-                per_rank[rank].push(Job::new(ji, case.clone(), rank as u16, input));
+                let delay = if s.think_time > 0 { rng.gen_range(0..=s.think_time) } else { 0 };
+                per_rank[rank].push(Job::new(ji, case.clone(), rank as u16, input, delay));
             }
         }
         for (rank, jobs) in per_rank.into_iter().enumerate() {
@@ -162,19 +170,35 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         }
         host_nodes.push(fabric.add_node(SimNode::Host(Box::new(node))));
     }
+    let mut link_rng = ChaCha8Rng::seed_from_u64(rng.gen());
+    let mut link = |base: LinkConfig| {
+        if !s.heterogeneous {
+            return base;
+        }
+        LinkConfig {
+            latency: link_rng.gen_range(500..=50 * MICROS),
+            bandwidth_bps: *[1, 10, 25, 100].choose(&mut link_rng).expect("non-empty")
+                * 1_000_000_000,
+            ..base
+        }
+    };
     for l in &topo.links {
         fabric.connect(
             Endpoint { node: switch_nodes[l.a.switch], port: l.a.port },
             Endpoint { node: switch_nodes[l.b.switch], port: l.b.port },
-            s.switch_link,
+            link(s.switch_link),
         );
     }
     for (h, host) in topo.hosts.iter().enumerate() {
         fabric.connect(
             Endpoint { node: host_nodes[h], port: 0 },
             Endpoint { node: switch_nodes[host.attach.switch], port: host.attach.port },
-            s.host_link,
+            link(s.host_link),
         );
+    }
+    if let Some(f) = s.hot_link {
+        let l = link_rng.gen_range(0..fabric.link_count());
+        fabric.set_faults(l, f);
     }
     for n in fabric.nodes_mut() {
         if let SimNode::Host(h) = n {
@@ -337,7 +361,9 @@ pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
     if r.corrupted_delivered == 0 && (wrong_qp > 0 || r.unknown_qp > 0) {
         return Err(format!("{wrong_qp} frames for a wrong QP without corruption"));
     }
-    let lossless = s.host_link.faults.is_lossless() && s.switch_link.faults.is_lossless();
+    let lossless = s.host_link.faults.is_lossless()
+        && s.switch_link.faults.is_lossless()
+        && s.hot_link.is_none_or(|f| f.is_lossless());
     if lossless {
         for (name, c) in &r.switches {
             for cc in &c.comms {
@@ -559,6 +585,14 @@ pub struct Shape {
     pub faults: FaultConfig,
     /// Switches in deterministic float mode.
     pub deterministic_float: bool,
+    /// See [`Scenario::think_time`].
+    pub think_time: Nanos,
+    /// See [`Scenario::heterogeneous`].
+    pub heterogeneous: bool,
+    /// See [`Scenario::hot_link`].
+    pub hot_link: Option<FaultConfig>,
+    /// Jitter on lossy links (reorders frames whose gap is smaller).
+    pub jitter: Nanos,
 }
 
 impl Default for Shape {
@@ -570,6 +604,10 @@ impl Default for Shape {
             vary_mtu_window: false,
             faults: FaultConfig::NONE,
             deterministic_float: false,
+            think_time: 0,
+            heterogeneous: false,
+            hot_link: None,
+            jitter: 500,
         }
     }
 }
@@ -602,7 +640,7 @@ pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scena
     let lossless = shape.faults.is_lossless();
     let link = LinkConfig {
         // Real links are FIFO; jitter (which reorders) only comes with the faults.
-        jitter: if lossless { 0 } else { 500 },
+        jitter: if lossless { 0 } else { shape.jitter },
         faults: shape.faults,
         ..LinkConfig::default()
     };
@@ -614,5 +652,8 @@ pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scena
         switch_link: LinkConfig { latency: MICROS, ..link },
         limits: RunLimits::default(),
         deterministic_float: shape.deterministic_float,
+        think_time: shape.think_time,
+        heterogeneous: shape.heterogeneous,
+        hot_link: shape.hot_link,
     })
 }
