@@ -120,12 +120,14 @@ impl RoceSocket {
                         lens[n] = len;
                         n += 1;
                     }
-                    Some(len) => return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
+                    Some(len) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
                             "frame of {len} bytes is not a RoCEv2 frame of at most {SLOT} bytes"
                         ),
-                    )),
+                        ))
+                    }
                     None => break,
                 }
             }

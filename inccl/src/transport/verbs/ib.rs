@@ -37,7 +37,6 @@ pub(crate) struct Completion {
 }
 
 /// Device, PD, CQ, registered buffer and RC QP.
-#[derive(Debug)]
 pub(crate) struct Verbs {
     device: String,
     ctx: *mut sys::ibv_context,
@@ -51,7 +50,24 @@ pub(crate) struct Verbs {
     gid_index: u8,
     active_mtu: u32,
     qpn: u32,
+    /// Completion buffer reused by every poll.
+    wcs: Vec<sys::ibv_wc>,
 }
+
+impl std::fmt::Debug for Verbs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verbs")
+            .field("device", &self.device)
+            .field("port", &self.port)
+            .field("gid_index", &self.gid_index)
+            .field("active_mtu", &self.active_mtu)
+            .field("qpn", &self.qpn)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Work requests per post call.
+pub(crate) const MAX_POST: usize = 32;
 
 // Safety: libibverbs objects may be used from any thread (the library serialises
 // internally); `Verbs` is used by one thread at a time through `&mut self`.
@@ -77,12 +93,13 @@ fn mtu_bytes(m: sys::ibv_mtu) -> u32 {
     }
 }
 
+/// The largest IB MTU not above `bytes` (256 at least).
 fn mtu_enum(bytes: u32) -> sys::ibv_mtu {
     match bytes {
-        0..=256 => sys::ibv_mtu_IBV_MTU_256,
-        257..=512 => sys::ibv_mtu_IBV_MTU_512,
-        513..=1024 => sys::ibv_mtu_IBV_MTU_1024,
-        1025..=2048 => sys::ibv_mtu_IBV_MTU_2048,
+        0..=511 => sys::ibv_mtu_IBV_MTU_256,
+        512..=1023 => sys::ibv_mtu_IBV_MTU_512,
+        1024..=2047 => sys::ibv_mtu_IBV_MTU_1024,
+        2048..=4095 => sys::ibv_mtu_IBV_MTU_2048,
         _ => sys::ibv_mtu_IBV_MTU_4096,
     }
 }
@@ -110,6 +127,7 @@ impl Verbs {
             gid_index: 0,
             active_mtu: 0,
             qpn: 0,
+            wcs: vec![sys::ibv_wc::default(); MAX_POST],
         };
         v.open_device(device)?;
         v.query_port()?;
@@ -330,44 +348,39 @@ impl Verbs {
         &mut self.buf
     }
 
-    /// Post receives of `len` bytes at each `(wr_id, offset)` in one chained call.
+    /// Address and key of `len` bytes at `off` of the registered buffer.
+    fn sge(&self, off: usize, len: u32) -> sys::ibv_sge {
+        assert!(off + len as usize <= self.buf.len(), "slot inside the registered buffer");
+        // Safety: `mr` is a valid registration for the lifetime of `self`.
+        let lkey = unsafe { (*self.mr).lkey };
+        sys::ibv_sge { addr: self.buf.as_ptr() as u64 + off as u64, length: len, lkey }
+    }
+
+    /// Post receives of `len` bytes at each `(wr_id, offset)` in one chained call
+    /// (at most [`MAX_POST`]).
     pub(crate) fn post_recvs(&mut self, recvs: &[(u64, usize)], len: u32) -> Result<()> {
-        if recvs.is_empty() {
+        assert!(recvs.len() <= MAX_POST, "at most MAX_POST receives per call");
+        let n = recvs.len();
+        if n == 0 {
             return Ok(());
         }
-        // Safety: `mr` is a valid registration.
-        let lkey = unsafe { (*self.mr).lkey };
-        let mut sges: Vec<sys::ibv_sge> = recvs
-            .iter()
-            .map(|&(_, off)| {
-                assert!(
-                    off + len as usize <= self.buf.len(),
-                    "receive slot inside the registered buffer"
-                );
-                // Safety: offset checked against the buffer length above.
-                sys::ibv_sge {
-                    addr: unsafe { self.buf.as_mut_ptr().add(off) } as u64,
-                    length: len,
-                    lkey,
-                }
-            })
-            .collect();
-        let mut wrs: Vec<sys::ibv_recv_wr> = Vec::with_capacity(recvs.len());
-        for (i, &(wr_id, _)) in recvs.iter().enumerate() {
-            wrs.push(sys::ibv_recv_wr {
-                wr_id,
-                next: ptr::null_mut(),
-                sg_list: &mut sges[i],
-                num_sge: 1,
-            });
+        let mut sges = [sys::ibv_sge::default(); MAX_POST];
+        let mut wrs = [sys::ibv_recv_wr::default(); MAX_POST];
+        for (i, &(_, off)) in recvs.iter().enumerate() {
+            sges[i] = self.sge(off, len);
         }
-        for i in 0..wrs.len() - 1 {
-            let next: *mut sys::ibv_recv_wr = &mut wrs[i + 1];
-            wrs[i].next = next;
+        for i in 0..n {
+            wrs[i].wr_id = recvs[i].0;
+            wrs[i].sg_list = &mut sges[i];
+            wrs[i].num_sge = 1;
+            if i + 1 < n {
+                let next: *mut sys::ibv_recv_wr = &mut wrs[i + 1];
+                wrs[i].next = next;
+            }
         }
         let mut bad = ptr::null_mut();
-        // Safety: a well-formed chain of WRs whose SGEs point into the registered buffer;
-        // the vectors outlive the call (the driver copies the WRs).
+        // Safety: a well-formed chain of `n` WRs whose SGEs point into the registered
+        // buffer; the arrays outlive the call (the driver copies the WRs).
         let rc = unsafe { sys::inccl_shim_post_recv(self.qp, wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
             return Err(rc_err("ibv_post_recv", &self.device, rc));
@@ -375,62 +388,47 @@ impl Verbs {
         Ok(())
     }
 
-    /// Post sends `(wr_id, offset, len, imm)` in one chained call; only the last is
-    /// signalled unless `signal_all` (completions of earlier ones are implied).
+    /// Post sends `(wr_id, offset, len, imm)` in one chained call (at most
+    /// [`MAX_POST`]); only the last is signalled unless `signal_all` (RC completes in
+    /// order, so its completion implies the earlier ones).
     pub(crate) fn post_sends(
         &mut self,
         sends: &[(u64, usize, u32, Option<u32>)],
         signal_all: bool,
     ) -> Result<()> {
-        if sends.is_empty() {
+        assert!(sends.len() <= MAX_POST, "at most MAX_POST sends per call");
+        let n = sends.len();
+        if n == 0 {
             return Ok(());
         }
-        // Safety: `mr` is a valid registration.
-        let lkey = unsafe { (*self.mr).lkey };
-        let mut sges: Vec<sys::ibv_sge> = sends
-            .iter()
-            .map(|&(_, off, len, _)| {
-                assert!(
-                    off + len as usize <= self.buf.len(),
-                    "send slot inside the registered buffer"
-                );
-                // Safety: offset checked against the buffer length above.
-                sys::ibv_sge {
-                    addr: unsafe { self.buf.as_mut_ptr().add(off) } as u64,
-                    length: len,
-                    lkey,
-                }
-            })
-            .collect();
-        let n = sends.len();
-        let mut wrs: Vec<sys::ibv_send_wr> = Vec::with_capacity(n);
-        for (i, &(wr_id, _, _, imm)) in sends.iter().enumerate() {
-            let mut wr = sys::ibv_send_wr {
-                wr_id,
-                sg_list: &mut sges[i],
-                num_sge: 1,
-                opcode: if imm.is_some() {
-                    sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM
-                } else {
-                    sys::ibv_wr_opcode_IBV_WR_SEND
-                },
-                send_flags: if signal_all || i == n - 1 {
-                    sys::ibv_send_flags_IBV_SEND_SIGNALED
-                } else {
-                    0
-                },
-                ..Default::default()
-            };
-            wr.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
-            wrs.push(wr);
+        let mut sges = [sys::ibv_sge::default(); MAX_POST];
+        let mut wrs = [sys::ibv_send_wr::default(); MAX_POST];
+        for (i, &(_, off, len, _)) in sends.iter().enumerate() {
+            sges[i] = self.sge(off, len);
         }
-        for i in 0..n - 1 {
-            let next: *mut sys::ibv_send_wr = &mut wrs[i + 1];
-            wrs[i].next = next;
+        for i in 0..n {
+            let (wr_id, _, _, imm) = sends[i];
+            let wr = &mut wrs[i];
+            wr.wr_id = wr_id;
+            wr.sg_list = &mut sges[i];
+            wr.num_sge = 1;
+            wr.opcode = if imm.is_some() {
+                sys::ibv_wr_opcode_IBV_WR_SEND_WITH_IMM
+            } else {
+                sys::ibv_wr_opcode_IBV_WR_SEND
+            };
+            if signal_all || i + 1 == n {
+                wr.send_flags = sys::ibv_send_flags_IBV_SEND_SIGNALED;
+            }
+            wr.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
+            if i + 1 < n {
+                let next: *mut sys::ibv_send_wr = &mut wrs[i + 1];
+                wrs[i].next = next;
+            }
         }
         let mut bad = ptr::null_mut();
-        // Safety: a well-formed chain of WRs whose SGEs point into the registered buffer;
-        // the vectors outlive the call (the driver copies the WRs).
+        // Safety: a well-formed chain of `n` WRs whose SGEs point into the registered
+        // buffer; the arrays outlive the call (the driver copies the WRs).
         let rc = unsafe { sys::inccl_shim_post_send(self.qp, wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
             return Err(rc_err("ibv_post_send", &self.device, rc));
@@ -438,16 +436,16 @@ impl Verbs {
         Ok(())
     }
 
-    /// Poll up to `out.capacity()` completions; a failed completion is an error naming
-    /// its status and request.
-    pub(crate) fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<()> {
-        let mut wcs = vec![sys::ibv_wc::default(); max.max(1)];
-        // Safety: valid CQ; `wcs` has room for `max` entries.
+    /// Poll up to [`MAX_POST`] completions into `out`; a failed completion is an error
+    /// naming its status and request.
+    pub(crate) fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        let wcs = &mut self.wcs;
+        // Safety: valid CQ; `wcs` has room for `wcs.len()` entries.
         let n = unsafe { sys::inccl_shim_poll_cq(self.cq, wcs.len() as i32, wcs.as_mut_ptr()) };
         if n < 0 {
             return Err(rc_err("ibv_poll_cq", &self.device, -n));
         }
-        for wc in &wcs[..n as usize] {
+        for wc in &self.wcs[..n as usize] {
             if wc.status != sys::ibv_wc_status_IBV_WC_SUCCESS {
                 return Err(Error::Collective {
                     rank: 0,
@@ -489,5 +487,27 @@ impl Drop for Verbs {
                 sys::ibv_close_device(self.ctx);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_mapping_rounds_down_to_a_valid_ib_mtu() {
+        assert_eq!(mtu_bytes(mtu_enum(1024)), 1024);
+        assert_eq!(mtu_bytes(mtu_enum(1500)), 1024);
+        assert_eq!(mtu_bytes(mtu_enum(4096)), 4096);
+        assert_eq!(mtu_bytes(mtu_enum(100)), 256);
+    }
+
+    #[test]
+    fn a_missing_device_is_a_clear_error() {
+        let e = Verbs::open(Some("inccl-no-such-dev"), 1, Ipv4Addr::LOCALHOST, 4096, 4, 4)
+            .unwrap_err()
+            .to_string();
+        // Either no verbs support at all here, or the device list lacks the name.
+        assert!(e.contains("inccl-no-such-dev") || e.contains("ibv_get_device_list"), "{e}");
     }
 }

@@ -17,7 +17,7 @@ use inc_protocol::coll;
 use inccl_engine::{CollectiveConfig, CollectiveSpec, Delivery, HostCollective, OpBuffers};
 use tracing::debug;
 
-use self::ib::{Completion, Verbs};
+use self::ib::{Completion, Verbs, MAX_POST};
 use super::{random_qpn_psn, Transport};
 use crate::config::CommConfig;
 use crate::error::{Error, Result};
@@ -30,7 +30,7 @@ const SEND_SLOTS: usize = 512;
 /// Receive slots posted ahead.
 const RECV_SLOTS: usize = 1024;
 /// Work requests per post / completions per poll.
-const BATCH: usize = 32;
+const BATCH: usize = MAX_POST;
 
 #[derive(Debug)]
 pub(crate) struct VerbsTransport {
@@ -114,7 +114,7 @@ impl VerbsTransport {
     /// Handle completions; returns how many arrived.
     fn reap(&mut self, bufs: &mut OpBuffers<'_>, comps: &mut Vec<Completion>) -> Result<usize> {
         comps.clear();
-        self.ib.poll(comps, BATCH)?;
+        self.ib.poll(comps)?;
         let mut repost = Vec::new();
         for c in comps.iter() {
             if !c.recv {
