@@ -18,9 +18,71 @@ pub fn topology_path(name: &str) -> PathBuf {
         .join(format!("{name}.yaml"))
 }
 
-/// Loads and validates a shipped topology.
+/// Loads and validates a shipped topology, or a generated one: `star-N` (one switch,
+/// N hosts) or `tree-K-M` (a root, K leaf switches, M hosts per leaf).
 pub fn load_topology(name: &str) -> Result<Topology, String> {
+    if let Some(yaml) = generated_topology(name) {
+        return Topology::parse(name, &yaml).map_err(|e| format!("generated topology {name}: {e}"));
+    }
     Topology::load(topology_path(name)).map_err(|e| format!("topology {name}: {e}"))
+}
+
+/// YAML of a generated topology (see [`load_topology`]); `None` for other names.
+pub fn generated_topology(name: &str) -> Option<String> {
+    use std::fmt::Write as _;
+    let nums: Vec<usize> =
+        name.split('-').skip(1).map(|n| n.parse().ok()).collect::<Option<_>>()?;
+    let mut y = format!(
+        "name: {name}\ncontroller:\n  address: 10.0.0.1:7000\ndefaults:\n  mtu: 1024\n  window: 64\n"
+    );
+    // Host h of leaf l: port 10.(l+1).h.1/24, host 10.(l+1).h.10/24.
+    let leaf =
+        |y: &mut String, l: usize, id: usize, name: &str, hosts: usize, up: Option<usize>| {
+            let _ = write!(y, "  - id: {id}\n    name: {name}\n    ports:\n");
+            if let Some(j) = up {
+                let _ = writeln!(y, "      - {{ name: up, ip: 172.16.{j}.2/30, mac: auto }}");
+            }
+            for h in 0..hosts {
+                let _ =
+                    writeln!(y, "      - {{ name: h{h}, ip: 10.{}.{h}.1/24, mac: auto }}", l + 1);
+            }
+        };
+    let host_lines = |y: &mut String, l: usize, sw: &str, hosts: usize| {
+        for h in 0..hosts {
+            let _ = writeln!(
+                y,
+                "  - {{ name: l{l}h{h}, ip: 10.{}.{h}.10/24, mac: auto, attach: \"{sw}:h{h}\" }}",
+                l + 1
+            );
+        }
+    };
+    match (name.split('-').next()?, nums.as_slice()) {
+        ("star", &[n]) if (1..=250).contains(&n) => {
+            y.push_str("root: sw0\nswitches:\n");
+            leaf(&mut y, 0, 0, "sw0", n, None);
+            y.push_str("hosts:\n");
+            host_lines(&mut y, 0, "sw0", n);
+        }
+        ("tree", &[k, m]) if (1..=60).contains(&k) && (1..=250).contains(&m) => {
+            y.push_str("root: root\nswitches:\n  - id: 0\n    name: root\n    ports:\n");
+            for j in 0..k {
+                let _ = writeln!(y, "      - {{ name: d{j}, ip: 172.16.{j}.1/30, mac: auto }}");
+            }
+            for j in 0..k {
+                leaf(&mut y, j, j + 1, &format!("leaf{j}"), m, Some(j));
+            }
+            y.push_str("links:\n");
+            for j in 0..k {
+                let _ = writeln!(y, "  - {{ a: \"root:d{j}\", b: \"leaf{j}:up\" }}");
+            }
+            y.push_str("hosts:\n");
+            for j in 0..k {
+                host_lines(&mut y, j, &format!("leaf{j}"), m);
+            }
+        }
+        _ => return None,
+    }
+    Some(y)
 }
 
 /// A communicator to create: which topology hosts take part, in rank order.
@@ -126,7 +188,7 @@ mod tests {
     #[test]
     fn shipped_topologies_compile_for_all_hosts_and_subsets() {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        for name in ["1-2-4", "1-4", "3-level"] {
+        for name in ["1-2-4", "1-4", "3-level", "star-3", "tree-3-5"] {
             let topo = load_topology(name).unwrap();
             let all: Vec<usize> = (0..topo.hosts.len()).collect();
             let sub = random_hosts(&mut rng, &topo, 2);
