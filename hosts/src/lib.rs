@@ -18,6 +18,8 @@ pub enum Collective {
     Reduce,
     /// Broadcast from `--root`.
     Broadcast,
+    /// Barrier (`count` is ignored).
+    Barrier,
 }
 
 /// Command line shared by the host programs.
@@ -147,12 +149,14 @@ fn run_typed<T: TestElem>(
                 }
                 comm.broadcast(&mut dst, args.root)?
             }
+            Collective::Barrier => comm.barrier()?,
         }
         let elapsed = t.elapsed();
         let check = match which {
             Collective::AllReduce => true,
             Collective::Reduce => rank == args.root,
             Collective::Broadcast => true,
+            Collective::Barrier => false,
         };
         if check {
             let want = |i: u64| match which {
@@ -175,6 +179,18 @@ fn run_typed<T: TestElem>(
     Ok(Report { pass, times })
 }
 
+fn run_barrier(comm: &mut Communicator, args: &Args) -> anyhow::Result<Report> {
+    let mut times = Vec::new();
+    for it in 0..args.warmup + args.iters {
+        let t = Instant::now();
+        comm.barrier()?;
+        if it >= args.warmup {
+            times.push(t.elapsed());
+        }
+    }
+    Ok(Report { pass: true, times })
+}
+
 /// Run a program: create the group and communicator, run and verify, print a
 /// nccl-tests style line. Returns the report (the caller sets the exit code).
 pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
@@ -182,7 +198,7 @@ pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
     if args.controller.is_some() {
         gcfg.controller = args.controller.clone();
     }
-    if which != Collective::AllReduce && args.root >= args.world_size {
+    if matches!(which, Collective::Reduce | Collective::Broadcast) && args.root >= args.world_size {
         bail!("--root {} is out of range for world size {}", args.root, args.world_size);
     }
     let group = Group::create(gcfg).context("creating the group")?;
@@ -192,9 +208,10 @@ pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
         ccfg.transport = t;
     }
     let mut comm = group.communicator(ccfg).context("creating the communicator")?;
-    let report = match args.dtype {
-        DataType::Int32 => run_typed::<i32>(&mut comm, which, args)?,
-        DataType::Float32 => run_typed::<f32>(&mut comm, which, args)?,
+    let report = match (which, args.dtype) {
+        (Collective::Barrier, _) => run_barrier(&mut comm, args)?,
+        (_, DataType::Int32) => run_typed::<i32>(&mut comm, which, args)?,
+        (_, DataType::Float32) => run_typed::<f32>(&mut comm, which, args)?,
     };
     print_report(which, args, &report);
     comm.destroy().context("destroying the communicator")?;
@@ -203,7 +220,7 @@ pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
 }
 
 fn print_report(which: Collective, args: &Args, r: &Report) {
-    let bytes = args.count * 4;
+    let bytes = if which == Collective::Barrier { 0 } else { args.count * 4 };
     let mut sorted = r.times.clone();
     sorted.sort();
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
@@ -213,6 +230,7 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
         Collective::AllReduce => "allreduce",
         Collective::Reduce => "reduce",
         Collective::Broadcast => "broadcast",
+        Collective::Barrier => "barrier",
     };
     println!("#  rank  collective        size(B)      count    type   op  root  iters   time(us)  min(us)  algbw(GB/s)  algbw(Gbps)  result");
     println!(
@@ -220,10 +238,18 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
         args.rank,
         name,
         bytes,
-        args.count,
+        if which == Collective::Barrier { 0 } else { args.count },
         args.dtype,
-        if which == Collective::Broadcast { "-".to_string() } else { args.op.to_string() },
-        if which == Collective::AllReduce { "-".to_string() } else { args.root.to_string() },
+        if matches!(which, Collective::Broadcast | Collective::Barrier) {
+            "-".to_string()
+        } else {
+            args.op.to_string()
+        },
+        if matches!(which, Collective::Reduce | Collective::Broadcast) {
+            args.root.to_string()
+        } else {
+            "-".to_string()
+        },
         r.times.len(),
         median.as_secs_f64() * 1e6,
         min.as_secs_f64() * 1e6,
