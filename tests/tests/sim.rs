@@ -9,8 +9,8 @@ use inc_tests::sim::cases::{CaseShape, CollectiveCase, FloatInputs};
 use inc_tests::sim::reference::{Dtype, Kind, Op};
 use inc_tests::sim::repro::run_seeds;
 use inc_tests::sim::scenario::{
-    check_counters, host_retransmits, random_scenario, run, switch_retransmits, Report, Scenario,
-    Shape,
+    check_counters, host_retransmits, random_scenario, run, switch_retransmits, Mismatch, Report,
+    Scenario, Shape,
 };
 use inc_tests::sim::{FaultConfig, LinkConfig, RunLimits, MICROS};
 use rand::{Rng, SeedableRng};
@@ -199,6 +199,80 @@ fn fan_in_above_64() {
         case: CaseShape { max_count: 1_000, ..CaseShape::default() },
         ..Shape::default()
     });
+}
+
+/// `case` changed in one field that ranks must agree on.
+fn disagree(rng: &mut ChaCha8Rng, case: &CollectiveCase, world: u16) -> CollectiveCase {
+    let mut c = case.clone();
+    loop {
+        match rng.gen_range(0..4) {
+            0 if matches!(c.kind, Kind::AllReduce | Kind::Reduce { .. }) => {
+                c.op = if c.op == Op::Sum { Op::Max } else { Op::Sum };
+            }
+            1 if c.kind != Kind::Barrier => {
+                c.dtype = if c.dtype == Dtype::Int32 { Dtype::Float32 } else { Dtype::Int32 };
+            }
+            2 if c.kind != Kind::Barrier => c.count += rng.gen_range(1..=300),
+            3 => {
+                let root = (rng.gen_range(1..world.max(2)) + 1) % world.max(2);
+                c.kind = match c.kind {
+                    Kind::AllReduce => Kind::Reduce { root },
+                    Kind::Reduce { root: r } if world > 1 => Kind::Reduce { root: (r + 1) % world },
+                    Kind::Broadcast { root: r } if world > 1 => {
+                        Kind::Broadcast { root: (r + 1) % world }
+                    }
+                    Kind::Barrier => Kind::AllReduce,
+                    _ => Kind::Barrier,
+                };
+                if c.kind != Kind::Barrier && c.count == 0 {
+                    c.count = 10;
+                }
+            }
+            _ => continue,
+        }
+        if c != *case {
+            return c;
+        }
+    }
+}
+
+/// DESIGN: "Ranks that disagree on the operation get a clear error, not a hang or a
+/// wrong sum." One rank's last collective differs (operator, datatype, count, kind or
+/// root): every rank of the communicator must fail exactly that collective, naming
+/// the disagreement; earlier collectives still verify.
+#[test]
+fn disagreeing_ranks_get_an_error() {
+    let reports = run_seeds("disagreeing_ranks_get_an_error", 60, |seed| {
+        let topology = if seed % 2 == 0 { "1-2-4" } else { "3-level" };
+        let faults = if seed % 3 == 0 { lossy(seed, 0.05) } else { FaultConfig::NONE };
+        let mut s =
+            random_scenario(seed, topology, &Shape { jobs: 1..=4, faults, ..Shape::default() })?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let world = s.comms[0].hosts.len() as u16;
+        let last = s.comms[0].jobs.last().expect("at least one job").clone();
+        let rank = rng.gen_range(0..world);
+        let case = disagree(&mut rng, &last, world);
+        s.mismatch = Some(Mismatch { comm: 0, rank, case: case.clone() });
+        let r = run(&s).map_err(|e| {
+            format!("rank {rank} runs {} instead of {}: {e}", case.describe(), last.describe())
+        })?;
+        let what =
+            || format!("rank {rank} runs {} instead of {}", case.describe(), last.describe());
+        if let Some(e) = r.host_errors.iter().find(|e| !e.contains("disagree")) {
+            return Err(format!("{}: unclear error: {e}", what()));
+        }
+        if !r.host_errors.iter().any(|e| e.contains(&format!(" rank {rank}: "))) {
+            return Err(format!("{}: the disagreeing rank itself did not fail", what()));
+        }
+        Ok((r.host_errors.len() as u64, u64::from(world)))
+    });
+    let failed: u64 = reports.iter().map(|r| r.0).sum();
+    let ranks: u64 = reports.iter().map(|r| r.1).sum();
+    println!(
+        "disagreeing_ranks_get_an_error: {} runs, {failed} of {ranks} ranks failed the disagreeing \
+         collective, the others completed it with a correct result",
+        reports.len()
+    );
 }
 
 /// A scenario with one collective of `count` elements on all hosts of `topology`.

@@ -59,6 +59,20 @@ pub struct Scenario {
     pub heterogeneous: bool,
     /// One link (drawn from the seed) gets these faults instead.
     pub hot_link: Option<FaultConfig>,
+    /// One rank runs a different last collective than the others: every rank of that
+    /// communicator must then fail it with an error (never hang or produce a result).
+    pub mismatch: Option<Mismatch>,
+}
+
+/// See [`Scenario::mismatch`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mismatch {
+    /// Communicator index.
+    pub comm: usize,
+    /// The rank that disagrees.
+    pub rank: u16,
+    /// What that rank runs as the communicator's last collective.
+    pub case: CollectiveCase,
 }
 
 /// Counters and measurements of a verified run.
@@ -88,6 +102,8 @@ pub struct Report {
     pub memory_bound: Vec<u64>,
     /// Events switches reported (failures), rendered.
     pub switch_events: Vec<String>,
+    /// Errors of failed host QPs (only in scenarios that expect failures).
+    pub host_errors: Vec<String>,
 }
 
 struct CommRun {
@@ -152,9 +168,15 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             run.expected.push(want);
             let keep = needs_inputs(case) && !tree_order;
             run.inputs.push(keep.then(|| inputs.clone()));
-            for (rank, input) in inputs.into_iter().enumerate() {
+            let odd = s.mismatch.as_ref().filter(|m| m.comm == ci && ji + 1 == w.jobs.len());
+            for (rank, mut input) in inputs.into_iter().enumerate() {
                 let delay = if s.think_time > 0 { rng.gen_range(0..=s.think_time) } else { 0 };
-                per_rank[rank].push(Job::new(ji, case.clone(), rank as u16, input, delay));
+                let mut case = case.clone();
+                if let Some(m) = odd.filter(|m| usize::from(m.rank) == rank) {
+                    case = m.case.clone();
+                    input.resize(case.count * 4, 0);
+                }
+                per_rank[rank].push(Job::new(ji, case, rank as u16, input, delay));
             }
         }
         for (rank, jobs) in per_rank.into_iter().enumerate() {
@@ -215,7 +237,8 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
     if let Err(e) = result {
         return Err(format!("{e}\n{}", dump(&fabric, &runs)));
     }
-    verify(&fabric, &runs).map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
+    let failing = s.mismatch.as_ref().map(|m| (m.comm, s.comms[m.comm].jobs.len() - 1));
+    verify(&fabric, &runs, failing).map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
 
     let mut report = Report {
         sim_time: fabric.now(),
@@ -230,6 +253,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         peak_memory: Vec::new(),
         memory_bound: Vec::new(),
         switch_events: Vec::new(),
+        host_errors: Vec::new(),
     };
     for n in fabric.nodes_mut() {
         match n {
@@ -250,6 +274,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             SimNode::Host(h) => {
                 report.unknown_qp += h.unknown_qp;
                 for q in &h.qps {
+                    report.host_errors.extend(q.error.iter().cloned());
                     report.hosts.push((h.name.clone(), q.comm, q.rank, q.engine.counters()));
                 }
             }
@@ -420,17 +445,31 @@ fn needs_inputs(case: &CollectiveCase) -> bool {
         && case.floats == FloatInputs::Wide
 }
 
-fn verify(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> Result<(), String> {
+/// Checks every rank's results; `failing` = (communicator, collective) that must fail on
+/// every rank of that communicator instead (and end its sequence).
+fn verify(
+    fabric: &Fabric<SimNode>,
+    runs: &[CommRun],
+    failing: Option<(usize, usize)>,
+) -> Result<(), String> {
     // outputs[comm][job][rank]
     let mut outputs: Vec<Vec<Vec<Option<&[u8]>>>> =
         runs.iter().map(|r| vec![vec![None; r.world]; r.cases.len()]).collect();
     for n in fabric.nodes() {
         let SimNode::Host(h) = n else { continue };
         for q in &h.qps {
-            if let Some(e) = &q.error {
-                return Err(format!("host {}: {e}", h.name));
-            }
-            let want = runs[q.comm].cases.len();
+            // Ranks of a collective with disagreeing ranks must end it: with an error, or
+            // (if the data they need flowed before the disagreement was detected, as in
+            // a Broadcast) with a correct result, checked below.
+            let must_end = failing.filter(|f| f.0 == q.comm).map(|f| f.1);
+            let want = match (&q.error, must_end) {
+                (Some(e), None) => return Err(format!("host {}: {e}", h.name)),
+                (Some(e), Some(ji)) if !e.contains(&format!("collective #{ji} ")) => {
+                    return Err(format!("host {}: wrong collective failed: {e}", h.name))
+                }
+                (Some(_), Some(ji)) => ji,
+                (None, _) => runs[q.comm].cases.len(),
+            };
             if q.outcomes.len() != want {
                 return Err(format!(
                     "host {} comm {} rank {}: {} of {want} collectives completed",
@@ -447,6 +486,7 @@ fn verify(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> Result<(), String> {
     }
     for (ci, run) in runs.iter().enumerate() {
         for (ji, case) in run.cases.iter().enumerate() {
+            let may_lack_output = failing == Some((ci, ji));
             let at = |rank: usize| {
                 format!("comm {ci} collective #{ji} ({}) rank {rank}", case.describe())
             };
@@ -454,6 +494,7 @@ fn verify(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> Result<(), String> {
             for (rank, (want, &got)) in run.expected[ji].iter().zip(&outputs[ci][ji]).enumerate() {
                 let (want, got) = match (want, got) {
                     (None, _) => continue,
+                    (Some(_), None) if may_lack_output => continue,
                     (Some(_), None) => return Err(format!("{}: no output", at(rank))),
                     (Some(w), Some(g)) => (w, g),
                 };
@@ -655,5 +696,6 @@ pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scena
         think_time: shape.think_time,
         heterogeneous: shape.heterogeneous,
         hot_link: shape.hot_link,
+        mismatch: None,
     })
 }
