@@ -86,8 +86,14 @@ struct Roles {
     down_expected: u64,
     /// A chunk from the parent goes as data to these children.
     down_data: u64,
-    /// ... and counts as progress for these children.
-    down_progress: u64,
+    /// Reduce: children told how many results were delivered towards the root rank.
+    deliver_progress: u64,
+    /// Reduce: delivery progress also goes to the parent (whose other children wait).
+    progress_up: bool,
+    /// Reduce: the connection towards the root rank ...
+    kr: Option<usize>,
+    /// ... is the root host itself: its RC ACKs measure delivery.
+    track_acks: bool,
     /// Progress messages from the parent are forwarded to these children.
     fwd_progress: u64,
 }
@@ -105,6 +111,12 @@ struct Coll {
     down_done: u64,
     prog_done: Vec<u64>,
     prog_sent: Vec<u64>,
+    /// Reduce: result chunks delivered towards the root rank (ACKed by the root host,
+    /// or reported by the child switch towards it).
+    delivered: u64,
+    up_prog_sent: u64,
+    /// PSNs of result chunks sent to the root host and not yet ACKed.
+    result_psns: VecDeque<Psn>,
 }
 
 impl Coll {
@@ -366,6 +378,7 @@ impl Comm {
             Inbound::Handled | Inbound::Dropped => {}
         }
         if r.ext.aeth.is_some() {
+            self.acked_results(idx);
             // Send-queue room may have opened.
             self.try_emit(events);
             self.flush_all_progress();
@@ -403,13 +416,13 @@ impl Comm {
         c.failed || c.rc.send_room() > CTRL_RESERVE
     }
 
-    fn send_data(conn: &mut Conn, data: &[u8]) {
+    fn send_data(conn: &mut Conn, data: &[u8]) -> Option<Psn> {
         if conn.failed {
-            return;
+            return None;
         }
-        if conn.rc.send(None, data).is_ok() {
-            conn.tx_data += 1;
-        }
+        let psn = conn.rc.send(None, data).ok()?;
+        conn.tx_data += 1;
+        Some(psn)
     }
 
     // ---- control messages -------------------------------------------------------
@@ -441,6 +454,10 @@ impl Comm {
             }
             CtrlMsg::Progress { seq, completed } if from_parent => {
                 self.on_parent_progress(seq, completed);
+                Disposition::Accept
+            }
+            CtrlMsg::Progress { seq, completed } => {
+                self.on_child_progress(idx, seq, completed);
                 Disposition::Accept
             }
             CtrlMsg::Error { seq, code, fields, rank_a, rank_b } => {
@@ -596,6 +613,9 @@ impl Comm {
             down_done: 0,
             prog_done: vec![0; self.children.len()],
             prog_sent: vec![0; self.children.len()],
+            delivered: 0,
+            up_prog_sent: 0,
+            result_psns: VecDeque::new(),
         });
         Some(self.colls.len() - 1)
     }
@@ -635,7 +655,9 @@ impl Comm {
                         roles.up_to_parent = true;
                         roles.down_expected = r.chunks;
                         roles.down_data = bit_of(k, &self.conns);
-                        roles.down_progress = all & !bit_of(k, &self.conns);
+                        roles.deliver_progress = all & !bit_of(k, &self.conns);
+                        roles.progress_up = true;
+                        roles.kr = Some(k);
                     }
                     (true, None) => {
                         roles.up_to_parent = true;
@@ -643,7 +665,8 @@ impl Comm {
                     }
                     (false, Some(k)) => {
                         roles.up_data = bit_of(k, &self.conns);
-                        roles.up_progress = all & !bit_of(k, &self.conns);
+                        roles.deliver_progress = all & !bit_of(k, &self.conns);
+                        roles.kr = Some(k);
                     }
                     (false, None) => error = Some("Reduce root is not below the tree root"),
                 }
@@ -672,6 +695,8 @@ impl Comm {
                 None => error = Some("Broadcast root is not below the tree root"),
             },
         }
+        roles.track_acks =
+            roles.kr.is_some_and(|k| matches!(self.conns[k].peer, Peer::Host { .. }));
         if let Some(e) = error {
             self.counters.protocol_errors += 1;
             tracing::warn!(comm = self.rules.comm_id, seq, root = r.op.root, "{e}");
@@ -752,7 +777,7 @@ impl Comm {
             return Disposition::Accept;
         }
         if Some(idx) == self.parent {
-            self.on_parent_data(idx, ci, e, payload)
+            self.on_parent_data(idx, ci, payload)
         } else {
             self.on_child_data(idx, ci, e, payload, events)
         }
@@ -838,7 +863,7 @@ impl Comm {
         Disposition::Accept
     }
 
-    fn on_parent_data(&mut self, idx: usize, ci: usize, e: Expect, payload: &[u8]) -> Disposition {
+    fn on_parent_data(&mut self, idx: usize, ci: usize, payload: &[u8]) -> Disposition {
         let roles = self.colls[ci].roles;
         if bits(roles.down_data).any(|o| !self.data_room(self.children[o])) {
             self.counters.backpressure_rnr += 1;
@@ -846,14 +871,14 @@ impl Comm {
         }
         for o in bits(roles.down_data) {
             let c = self.children[o];
-            Self::send_data(&mut self.conns[c], payload);
+            let psn = Self::send_data(&mut self.conns[c], payload);
+            if roles.track_acks && roles.kr == Some(c) {
+                self.colls[ci].result_psns.extend(psn);
+            }
         }
         self.counters.chunks_down += 1;
         let coll = &mut self.colls[ci];
         coll.down_done += 1;
-        for o in bits(roles.down_progress) {
-            coll.prog_done[o] = coll.prog_done[o].max(e.next + 1);
-        }
         let seq = coll.seq;
         self.advance(idx);
         self.flush_progress(ci, false);
@@ -876,6 +901,55 @@ impl Comm {
         }
         self.flush_progress(ci, true);
         self.maybe_retire(seq);
+    }
+
+    /// A child switch towards the Reduce root reports delivered results.
+    fn on_child_progress(&mut self, idx: usize, seq: u32, completed: u64) {
+        let Some(ci) = self.coll_index(seq) else {
+            self.counters.protocol_errors += 1;
+            return;
+        };
+        let roles = self.colls[ci].roles;
+        if self.colls[ci].failed || roles.kr != Some(idx) || roles.track_acks {
+            self.counters.protocol_errors += 1;
+            return;
+        }
+        let chunks = self.colls[ci].chunks();
+        self.set_delivered(ci, completed.min(chunks));
+        self.flush_progress(ci, true);
+        self.maybe_retire(seq);
+    }
+
+    fn set_delivered(&mut self, ci: usize, delivered: u64) {
+        let coll = &mut self.colls[ci];
+        coll.delivered = coll.delivered.max(delivered);
+        for o in bits(coll.roles.deliver_progress) {
+            coll.prog_done[o] = coll.prog_done[o].max(coll.delivered);
+        }
+    }
+
+    /// Counts results the root host has ACKed (called after an ACK on `idx`).
+    fn acked_results(&mut self, idx: usize) {
+        let oldest = self.conns[idx].rc.oldest_unacked();
+        for ci in 0..self.colls.len() {
+            let roles = self.colls[ci].roles;
+            if !roles.track_acks || roles.kr != Some(idx) || self.colls[ci].failed {
+                continue;
+            }
+            let mut n = 0;
+            let coll = &mut self.colls[ci];
+            while let Some(&p) = coll.result_psns.front() {
+                if oldest.is_some_and(|o| !p.is_before(o)) {
+                    break;
+                }
+                coll.result_psns.pop_front();
+                n += 1;
+            }
+            if n > 0 {
+                let d = coll.delivered + n;
+                self.set_delivered(ci, d);
+            }
+        }
     }
 
     /// Sends completed chunks on, in completion order, while the send queues have room.
@@ -926,7 +1000,10 @@ impl Comm {
             }
             for o in bits(roles.up_data) {
                 let c = self.children[o];
-                Self::send_data(&mut self.conns[c], data);
+                let psn = Self::send_data(&mut self.conns[c], data);
+                if roles.track_acks && roles.kr == Some(c) {
+                    self.colls[ci].result_psns.extend(psn);
+                }
             }
             self.meta[s] = FREE;
             self.emit.pop_front();
@@ -948,6 +1025,15 @@ impl Comm {
             let force = self.colls[ci].roles.fwd_progress != 0;
             self.flush_progress(ci, force);
         }
+        // ACKs can finish a collective (Reduce delivery, progress finally sent).
+        let mut ci = 0;
+        while ci < self.colls.len() {
+            let (seq, before) = (self.colls[ci].seq, self.colls.len());
+            self.maybe_retire(seq);
+            if self.colls.len() == before {
+                ci += 1;
+            }
+        }
     }
 
     /// Sends progress messages that are due: every `progress_every` chunks, at the end,
@@ -958,10 +1044,20 @@ impl Comm {
             return;
         }
         let roles = coll.roles;
-        let targets = roles.up_progress | roles.down_progress | roles.fwd_progress;
+        let targets = roles.up_progress | roles.deliver_progress | roles.fwd_progress;
         let chunks = coll.chunks();
         let seq = coll.seq;
         let op = coll.reference.expect("ready").op;
+        if roles.progress_up {
+            let (done, sent) = (self.colls[ci].delivered, self.colls[ci].up_prog_sent);
+            if done > sent && (force || done - sent >= self.progress_every || done == chunks) {
+                let p = self.parent.expect("progress_up only below the root");
+                if self.send_ctrl(p, &op, CtrlMsg::Progress { seq, completed: done }) {
+                    self.counters.progress_sent += 1;
+                    self.colls[ci].up_prog_sent = done;
+                }
+            }
+        }
         for o in bits(targets) {
             let (done, sent) = (self.colls[ci].prog_done[o], self.colls[ci].prog_sent[o]);
             if done > sent && (force || done - sent >= self.progress_every || done == chunks) {
@@ -984,10 +1080,11 @@ impl Comm {
             let r = &c.roles;
             let chunks = c.chunks();
             let up_total = if r.contributors != 0 { chunks } else { 0 };
-            let prog = r.up_progress | r.down_progress | r.fwd_progress;
+            let prog = r.up_progress | r.deliver_progress | r.fwd_progress;
             c.up_done >= up_total
                 && c.down_done >= r.down_expected
                 && bits(prog).all(|o| c.prog_sent[o] >= chunks)
+                && (!r.progress_up || c.up_prog_sent >= chunks)
         } else {
             false
         };
