@@ -56,11 +56,12 @@ struct SlotMeta {
     state: SlotState,
     seq: u32,
     pos: u64,
-    arrived: u64,
+    arrived: Mask,
     len: usize,
 }
 
-const FREE: SlotMeta = SlotMeta { state: SlotState::Free, seq: 0, pos: 0, arrived: 0, len: 0 };
+const FREE: SlotMeta =
+    SlotMeta { state: SlotState::Free, seq: 0, pos: 0, arrived: Mask::EMPTY, len: 0 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct StartRef {
@@ -75,19 +76,19 @@ struct StartRef {
 #[derive(Debug, Clone, Copy, Default)]
 struct Roles {
     /// Children whose contribution completes a chunk (bits by ordinal).
-    contributors: u64,
+    contributors: Mask,
     /// A completed chunk goes to the parent.
     up_to_parent: bool,
     /// ... and as data to these children.
-    up_data: u64,
+    up_data: Mask,
     /// ... and counts as progress for these children.
-    up_progress: u64,
+    up_progress: Mask,
     /// Data chunks expected from the parent.
     down_expected: u64,
     /// A chunk from the parent goes as data to these children.
-    down_data: u64,
+    down_data: Mask,
     /// Reduce: children told how many results were delivered towards the root rank.
-    deliver_progress: u64,
+    deliver_progress: Mask,
     /// Reduce: delivery progress also goes to the parent (whose other children wait).
     progress_up: bool,
     /// Reduce: the connection towards the root rank ...
@@ -95,15 +96,15 @@ struct Roles {
     /// ... is the root host itself: its RC ACKs measure delivery.
     track_acks: bool,
     /// Progress messages from the parent are forwarded to these children.
-    fwd_progress: u64,
+    fwd_progress: Mask,
 }
 
 #[derive(Debug)]
 struct Coll {
     seq: u32,
     reference: Option<StartRef>,
-    started: u64,
-    errored: u64,
+    started: Mask,
+    errored: Mask,
     ready: bool,
     failed: bool,
     roles: Roles,
@@ -142,7 +143,7 @@ pub(crate) struct Comm {
     parent: Option<usize>,
     /// Rules index of each child ordinal.
     children: Vec<usize>,
-    all_children: u64,
+    all_children: Mask,
     min_rank: u16,
     meta: Vec<SlotMeta>,
     /// Slot buffers: `slots x stride`; in deterministic mode each slot holds one
@@ -156,8 +157,83 @@ pub(crate) struct Comm {
     counters: CommCounters,
 }
 
-fn bits(mask: u64) -> impl Iterator<Item = usize> {
-    (0..64).filter(move |b| mask & (1u64 << b) != 0)
+fn bits(mask: Mask) -> impl Iterator<Item = usize> {
+    mask.iter()
+}
+
+/// Children as bits, by ordinal; fixed size so slot metadata stays `Copy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Mask([u64; MAX_FAN_IN / 64]);
+
+/// Most children one switch serves in one communicator.
+pub(crate) const MAX_FAN_IN: usize = 256;
+
+impl Mask {
+    const EMPTY: Mask = Mask([0; MAX_FAN_IN / 64]);
+
+    fn bit(i: usize) -> Mask {
+        let mut m = Mask::EMPTY;
+        m.0[i / 64] = 1 << (i % 64);
+        m
+    }
+
+    fn all(n: usize) -> Mask {
+        let mut m = Mask::EMPTY;
+        for i in 0..n {
+            m.0[i / 64] |= 1 << (i % 64);
+        }
+        m
+    }
+
+    fn has(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+
+    fn iter(self) -> impl Iterator<Item = usize> {
+        self.0.into_iter().enumerate().flat_map(|(w, mut word)| {
+            std::iter::from_fn(move || {
+                (word != 0).then(|| {
+                    let b = word.trailing_zeros() as usize;
+                    word &= word - 1;
+                    w * 64 + b
+                })
+            })
+        })
+    }
+}
+
+impl std::ops::BitAnd for Mask {
+    type Output = Mask;
+    fn bitand(mut self, o: Mask) -> Mask {
+        self.0.iter_mut().zip(o.0).for_each(|(a, b)| *a &= b);
+        self
+    }
+}
+
+impl std::ops::BitOr for Mask {
+    type Output = Mask;
+    fn bitor(mut self, o: Mask) -> Mask {
+        self.0.iter_mut().zip(o.0).for_each(|(a, b)| *a |= b);
+        self
+    }
+}
+
+impl std::ops::BitOrAssign for Mask {
+    fn bitor_assign(&mut self, o: Mask) {
+        *self = *self | o;
+    }
+}
+
+impl std::ops::Not for Mask {
+    type Output = Mask;
+    fn not(mut self) -> Mask {
+        self.0.iter_mut().for_each(|a| *a = !*a);
+        self
+    }
 }
 
 impl Comm {
@@ -224,7 +300,7 @@ impl Comm {
             det: cfg.deterministic_float,
             conns,
             parent: rules.parent,
-            all_children: if n_children == 64 { u64::MAX } else { (1u64 << n_children) - 1 },
+            all_children: Mask::all(n_children),
             children,
             min_rank,
             meta: vec![FREE; slots],
@@ -475,7 +551,7 @@ impl Comm {
                     return Disposition::Accept;
                 };
                 if let Some(o) = self.conns[idx].ord {
-                    self.colls[ci].errored |= 1 << o;
+                    self.colls[ci].errored |= Mask::bit(o);
                 }
                 if !self.colls[ci].failed {
                     self.fail_coll(seq, code, fields, rank_a, rank_b, events);
@@ -507,11 +583,11 @@ impl Comm {
             // Too far ahead of the slowest child: let it come back later.
             return Disposition::Rnr;
         };
-        if self.colls[ci].started & (1 << ord) != 0 {
+        if self.colls[ci].started.has(ord) {
             self.counters.protocol_errors += 1;
             return Disposition::Accept;
         }
-        self.colls[ci].started |= 1 << ord;
+        self.colls[ci].started |= Mask::bit(ord);
         // The data this child will send, by its own account: parseable even on mismatch.
         let sends = match s.op.primitive {
             Primitive::Broadcast => self.conns[idx].ranks.binary_search(&s.op.root).is_ok(),
@@ -604,8 +680,8 @@ impl Comm {
         self.colls.push_back(Coll {
             seq,
             reference: None,
-            started: 0,
-            errored: 0,
+            started: Mask::EMPTY,
+            errored: Mask::EMPTY,
             ready: false,
             failed: false,
             roles: Roles::default(),
@@ -625,7 +701,7 @@ impl Comm {
         let r = self.colls[ci].reference.expect("every child started");
         let all = self.all_children;
         let bit_of =
-            |rules_idx: usize, conns: &[Conn]| 1u64 << conns[rules_idx].ord.expect("child");
+            |rules_idx: usize, conns: &[Conn]| Mask::bit(conns[rules_idx].ord.expect("child"));
         let kr = if r.op.rooted() {
             self.children
                 .iter()
@@ -674,7 +750,7 @@ impl Comm {
             Primitive::Broadcast => match kr {
                 Some(k) => {
                     let kb = bit_of(k, &self.conns);
-                    let others_have_ranks = all & !kb != 0 || parent_has_ranks;
+                    let others_have_ranks = !(all & !kb).is_empty() || parent_has_ranks;
                     let k_sends =
                         matches!(self.conns[k].peer, Peer::Host { .. }) || others_have_ranks;
                     if k_sends {
@@ -802,7 +878,6 @@ impl Comm {
         events: &mut VecDeque<SwitchEvent>,
     ) -> Disposition {
         let ord = self.conns[idx].ord.expect("child");
-        let bit = 1u64 << ord;
         let pos = e.start_pos.wrapping_add(e.next);
         let s = (pos % self.slots as u64) as usize;
         let m = self.meta[s];
@@ -812,7 +887,7 @@ impl Comm {
                     state: SlotState::Filling,
                     seq: e.seq,
                     pos,
-                    arrived: 0,
+                    arrived: Mask::EMPTY,
                     len: payload.len(),
                 };
             }
@@ -828,7 +903,7 @@ impl Comm {
                 return Disposition::Accept;
             }
         }
-        if self.meta[s].arrived & bit != 0 || self.meta[s].state == SlotState::Complete {
+        if self.meta[s].arrived.has(ord) || self.meta[s].state == SlotState::Complete {
             self.counters.protocol_errors += 1;
             self.advance(idx);
             return Disposition::Accept;
@@ -838,7 +913,7 @@ impl Comm {
         if self.det {
             let at = base + ord * self.mtu;
             self.buf[at..at + payload.len()].copy_from_slice(payload);
-        } else if self.meta[s].arrived == 0 {
+        } else if self.meta[s].arrived.is_empty() {
             self.buf[base..base + payload.len()].copy_from_slice(payload);
         } else {
             reduce::combine_be(
@@ -848,11 +923,11 @@ impl Comm {
                 payload,
             );
         }
-        self.meta[s].arrived |= bit;
+        self.meta[s].arrived |= Mask::bit(ord);
         self.advance(idx);
         let coll = &self.colls[ci];
         if coll.ready {
-            if coll.roles.contributors & bit == 0 {
+            if !coll.roles.contributors.has(ord) {
                 self.counters.protocol_errors += 1;
             } else if self.meta[s].arrived == coll.roles.contributors {
                 self.meta[s].state = SlotState::Complete;
@@ -1022,7 +1097,7 @@ impl Comm {
 
     fn flush_all_progress(&mut self) {
         for ci in 0..self.colls.len() {
-            let force = self.colls[ci].roles.fwd_progress != 0;
+            let force = !self.colls[ci].roles.fwd_progress.is_empty();
             self.flush_progress(ci, force);
         }
         // ACKs can finish a collective (Reduce delivery, progress finally sent).
@@ -1079,7 +1154,7 @@ impl Comm {
         } else if c.ready {
             let r = &c.roles;
             let chunks = c.chunks();
-            let up_total = if r.contributors != 0 { chunks } else { 0 };
+            let up_total = if r.contributors.is_empty() { 0 } else { chunks };
             let prog = r.up_progress | r.deliver_progress | r.fwd_progress;
             c.up_done >= up_total
                 && c.down_done >= r.down_expected

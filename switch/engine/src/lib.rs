@@ -320,8 +320,8 @@ impl SwitchEngine {
                 )));
             }
         }
-        if rules.fan_in() > 64 {
-            return Err(invalid(format!("fan-in {} exceeds 64", rules.fan_in())));
+        if rules.fan_in() > comm::MAX_FAN_IN {
+            return Err(invalid(format!("fan-in {} exceeds {}", rules.fan_in(), comm::MAX_FAN_IN)));
         }
         let mut ports = Vec::with_capacity(rules.connections.len());
         for (i, c) in rules.connections.iter().enumerate() {

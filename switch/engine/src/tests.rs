@@ -131,7 +131,7 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
         qpn += 1;
         let sw_qpn = qpn;
         let host_qpn = 0x11 + r as u32;
-        let (sw_psn, host_psn) = (0xFF_FF00 + r as u32 * 7, 0xFF_FFF0 - r as u32);
+        let (sw_psn, host_psn) = ((0xFF_FF00 + r as u32 * 7) & 0xFF_FFFF, 0xFF_FFF0 - r as u32);
         rules[s].connections.push(ConnectionRule {
             port: format!("p{p}"),
             local_ip: port_ip(s, p),
@@ -855,11 +855,18 @@ fn deep_uneven_trees_and_single_rank() {
         },
         TreeSpec { parents: vec![None, Some(0), Some(1)], hosts: vec![2, 0], mtu: 256, window: 8 },
         TreeSpec { parents: vec![None], hosts: vec![0], mtu: 256, window: 2 },
+        // Fan-in above 64: masks span several words.
+        TreeSpec {
+            parents: vec![None, Some(0)],
+            hosts: [vec![0; 70], vec![1; 3]].concat(),
+            mtu: 256,
+            window: 4,
+        },
     ];
     for (ti, t) in trees.iter().enumerate() {
         let world = t.hosts.len() as u16;
         let mut net = build(t, SwitchEngineConfig::default(), 0.05, 40 + ti as u64);
-        for round in 0..2 * u32::from(world) {
+        for round in 0..2 * u32::from(world).min(4) {
             let count = 100 + u64::from(round) * 77;
             let root = (round % u32::from(world)) as u16;
             let kind = match round % 3 {
