@@ -62,6 +62,9 @@ pub struct Scenario {
     /// One rank runs a different last collective than the others: every rank of that
     /// communicator must then fail it with an error (never hang or produce a result).
     pub mismatch: Option<Mismatch>,
+    /// Fixed start delays `(communicator, rank, collective, delay)`, overriding
+    /// `think_time` for those collectives.
+    pub delays: Vec<(usize, u16, usize, Nanos)>,
 }
 
 /// See [`Scenario::mismatch`].
@@ -104,6 +107,8 @@ pub struct Report {
     pub switch_events: Vec<String>,
     /// Errors of failed host QPs (only in scenarios that expect failures).
     pub host_errors: Vec<String>,
+    /// One line per QP and switch at the end of the run, for failure messages.
+    pub state: String,
 }
 
 struct CommRun {
@@ -170,7 +175,12 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             run.inputs.push(keep.then(|| inputs.clone()));
             let odd = s.mismatch.as_ref().filter(|m| m.comm == ci && ji + 1 == w.jobs.len());
             for (rank, mut input) in inputs.into_iter().enumerate() {
-                let delay = if s.think_time > 0 { rng.gen_range(0..=s.think_time) } else { 0 };
+                let mut delay = if s.think_time > 0 { rng.gen_range(0..=s.think_time) } else { 0 };
+                let fixed =
+                    s.delays.iter().find(|d| (d.0, usize::from(d.1), d.2) == (ci, rank, ji));
+                if let Some(d) = fixed {
+                    delay = d.3;
+                }
                 let mut case = case.clone();
                 if let Some(m) = odd.filter(|m| usize::from(m.rank) == rank) {
                     case = m.case.clone();
@@ -254,6 +264,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         memory_bound: Vec::new(),
         switch_events: Vec::new(),
         host_errors: Vec::new(),
+        state: dump(&fabric, &runs),
     };
     for n in fabric.nodes_mut() {
         match n {
@@ -697,5 +708,6 @@ pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scena
         heterogeneous: shape.heterogeneous,
         hot_link: shape.hot_link,
         mismatch: None,
+        delays: Vec::new(),
     })
 }
