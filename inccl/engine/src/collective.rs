@@ -194,7 +194,13 @@ impl HostCollective {
             gets_data,
             next_send: 0,
             completed: 0,
-            doomed: self.early_error.take().filter(|(s, _)| *s == self.seq).map(|(_, e)| e),
+            doomed: match self.early_error.take() {
+                Some((s, e)) if s == self.seq => Some(e),
+                other => {
+                    self.early_error = other;
+                    None
+                }
+            },
         });
         Ok(())
     }
@@ -267,8 +273,13 @@ impl HostCollective {
             return;
         };
         if let CtrlMsg::Error { seq, .. } = msg {
-            if self.active.is_none() && seq == self.seq {
-                self.early_error = Some((seq, error_of(msg)));
+            // An Error for a collective we have not started (it can overtake the last
+            // message of the running one): keep it for when that collective starts.
+            let next = self.active.as_ref().map_or(self.seq, |a| a.seq.wrapping_add(1));
+            if seq.wrapping_sub(next) < 1 << 30 {
+                if self.early_error.as_ref().is_none_or(|(s, _)| seq.wrapping_sub(*s) >= 1 << 30) {
+                    self.early_error = Some((seq, error_of(msg)));
+                }
                 return;
             }
         }
@@ -463,6 +474,42 @@ mod tests {
             Some(Err(HostError::Mismatch { fields, .. })) => assert_eq!(fields, "count"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn error_overtaking_the_running_collective_is_kept() {
+        let mut c =
+            HostCollective::new(CollectiveConfig { rank: 0, world_size: 2, mtu: 256, window: 2 });
+        let src = vec![0u8; 16];
+        c.start(spec(CollectiveKind::Broadcast { root: 0 }, 4)).unwrap();
+        let mut out = vec![0u8; 256];
+        while c.poll_send(&OpBuffers::SendOnly(&src), &mut out).is_some() {}
+        let op = CollOp {
+            primitive: Primitive::AllReduce,
+            operator: Operator::Max,
+            datatype: DataType::Int32,
+            root: IncImm::ALL_RANKS,
+        };
+        let err = CtrlMsg::Error {
+            seq: 1,
+            code: ErrorCode::Mismatch,
+            fields: coll::field::OPERATOR,
+            rank_a: 0,
+            rank_b: 3,
+        };
+        c.handle_message(Some(op.imm(MsgKind::Error)), &err.to_bytes(), &mut OpBuffers::None);
+        let bop = CollOp {
+            primitive: Primitive::Broadcast,
+            operator: Operator::Sum,
+            datatype: DataType::Int32,
+            root: 0,
+        };
+        let p = CtrlMsg::Progress { seq: 0, completed: 1 };
+        c.handle_message(Some(bop.imm(MsgKind::Progress)), &p.to_bytes(), &mut OpBuffers::None);
+        assert_eq!(c.poll_completion(), Some(Ok(())));
+        c.start(spec(CollectiveKind::AllReduce, 4)).unwrap();
+        assert!(c.poll_send(&OpBuffers::SendOnly(&src), &mut out).is_some());
+        assert!(matches!(c.poll_completion(), Some(Err(HostError::Mismatch { seq: 1, .. }))));
     }
 
     #[test]

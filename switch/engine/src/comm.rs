@@ -102,6 +102,8 @@ struct Roles {
 #[derive(Debug)]
 struct Coll {
     seq: u32,
+    /// The Error sent when the collective failed.
+    error: Option<(CollOp, CtrlMsg)>,
     reference: Option<StartRef>,
     started: Mask,
     errored: Mask,
@@ -604,6 +606,12 @@ impl Comm {
             });
         }
         if self.colls[ci].failed {
+            // Repeat the verdict to a child that starts late: its host may have missed it.
+            if let Some((op, msg)) = self.colls[ci].error {
+                if self.send_ctrl(idx, &op, msg) {
+                    self.counters.errors_sent += 1;
+                }
+            }
             self.maybe_retire(seq);
             return Disposition::Accept;
         }
@@ -679,6 +687,7 @@ impl Comm {
         self.counters.collectives_started += 1;
         self.colls.push_back(Coll {
             seq,
+            error: None,
             reference: None,
             started: Mask::EMPTY,
             errored: Mask::EMPTY,
@@ -1217,6 +1226,7 @@ impl Comm {
             reason,
         });
         let msg = CtrlMsg::Error { seq, code, fields, rank_a, rank_b };
+        self.colls[ci].error = Some((op, msg));
         for i in 0..self.conns.len() {
             // Also back to where the error came from: on each connection the Error is
             // the delimiter after which no data of `seq` follows.
