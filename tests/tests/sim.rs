@@ -283,6 +283,29 @@ fn disagreeing_ranks_get_an_error() {
     );
 }
 
+/// Rank 3 starts collective #1 1 ms after the others, who disagree on it: the switch has
+/// failed #1 long before rank 3 asks, and rank 3 must still get the disagreement error
+/// promptly (the switch re-sends the Error it RNR-NAKed while rank 3 was idle).
+#[test]
+fn late_rank_still_learns_of_the_disagreement() {
+    run_seeds("late_rank_still_learns_of_the_disagreement", 10, |seed| {
+        let mut s = random_scenario(seed, "1-4", &Shape::default())?;
+        let allreduce = case(Kind::AllReduce, Op::Sum, Dtype::Int32, 100);
+        s.comms[0].jobs = vec![allreduce.clone(), allreduce.clone()];
+        s.mismatch =
+            Some(Mismatch { comm: 0, rank: 0, case: CollectiveCase { op: Op::Max, ..allreduce } });
+        s.delays = vec![(0, 3, 1, inc_tests::sim::MILLIS)];
+        let r = run(&s)?;
+        match r.host_errors.iter().find(|e| !e.contains("disagree")) {
+            Some(e) => Err(format!("unclear error: {e}\n{}", r.state)),
+            None if r.sim_time > 100 * inc_tests::sim::MILLIS => {
+                Err(format!("errors took {} ms to arrive\n{}", r.sim_time / 1_000_000, r.state))
+            }
+            None => Ok(()),
+        }
+    });
+}
+
 /// Protocol bug found by `disagreeing_ranks_get_an_error` (INC_SIM_SEED=771 with
 /// INC_SIM_CASES=2000), reduced to two collectives: a Broadcast, then an AllReduce on
 /// which one rank disagrees, with a little loss. Fails at INC_SIM_SEED=1 (3-level,
