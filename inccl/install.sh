@@ -57,7 +57,11 @@ install -m 0644 "$here/include/inccl.h" "$root/include/inccl.h"
 
 # System libraries the Rust static library needs (rustc --print native-static-libs).
 private="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
-case "$features" in *verbs*) private="-libverbs $private" ;; esac
+# A library built with the verbs feature (asked for here, or unified in by another
+# crate of the workspace build) references libibverbs.
+if nm -u "$libdir_src/libinccl.a" 2>/dev/null | grep -q ' ibv_'; then
+    private="-libverbs $private"
+fi
 cat > "$root/lib/pkgconfig/inccl.pc" <<PC
 prefix=$prefix
 libdir=\${prefix}/lib
