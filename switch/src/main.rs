@@ -54,6 +54,9 @@ enum Cmd {
     Stats {
         /// Address given to --stats-listen.
         addr: String,
+        /// One line for scripts instead: `uptime_s=.. rx_frames=.. tx_frames=..` (all switches).
+        #[arg(long)]
+        summary: bool,
     },
 }
 
@@ -123,9 +126,17 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Run(args) => run(args),
-        Cmd::Stats { addr } => {
+        Cmd::Stats { addr, summary } => {
             let v = stats::fetch(&addr)?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            if summary {
+                let l = &v["loop"];
+                println!(
+                    "uptime_s={} rx_frames={} tx_frames={}",
+                    v["uptime_s"], l["rx_frames"], l["tx_frames"]
+                );
+            } else {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
             Ok(())
         }
     }
