@@ -198,3 +198,49 @@ fn dead_rank_gives_a_bounded_error() {
     // Rank 3 for sure; ranks that already gave up may be listed too.
     assert!(s0.contains("3] lost their bootstrap connection"), "{s0}");
 }
+
+#[test]
+fn two_communicators_interleave() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    ranks(&fabric, |rank, cfg| {
+        let group = Group::create(cfg).unwrap();
+        let mut a = group.communicator(comm_config()).unwrap();
+        let mut b = group.communicator(comm_config()).unwrap();
+        assert_ne!(a.comm_id(), b.comm_id());
+        let src = vec![i32::from(rank) + 1; 5000];
+        for round in 0..3 {
+            let mut d = vec![0; 5000];
+            a.allreduce(&src, &mut d, ReduceOp::Sum).unwrap();
+            assert!(d.iter().all(|v| *v == 10), "round {round} comm a");
+            let mut d = vec![0; 5000];
+            b.allreduce(&src, &mut d, ReduceOp::Max).unwrap();
+            assert!(d.iter().all(|v| *v == 4), "round {round} comm b");
+        }
+        a.destroy().unwrap();
+        // The other communicator keeps working after one is destroyed.
+        b.barrier().unwrap();
+        b.destroy().unwrap();
+        group.destroy().unwrap();
+    });
+}
+
+#[cfg(not(feature = "verbs"))]
+#[test]
+fn verbs_transport_without_the_feature_is_a_clear_error() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    let errs = ranks(&fabric, |_, cfg| {
+        let group = Group::create(cfg).unwrap();
+        let mut c = comm_config();
+        c.transport = inccl::TransportKind::Verbs;
+        let e = group.communicator(c).unwrap_err();
+        group.destroy().unwrap();
+        e
+    });
+    for e in errs {
+        assert!(
+            matches!(e, Error::TransportUnavailable(_))
+                && e.to_string().contains("--features verbs"),
+            "{e}"
+        );
+    }
+}
