@@ -25,7 +25,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use inc_controller::Topology;
 use inc_ctrl_proto::{Mac, PortInfo};
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
-use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig};
+use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
 use inc_switch_io::memory::MemoryBackend;
 use inc_switch_io::{Backend, PortSpec};
 use inc_wire::EthernetAddress;
@@ -68,6 +68,14 @@ enum BackendKind {
     Memory,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RingKind {
+    /// TPACKET_V3.
+    V3,
+    /// TPACKET_V2.
+    V2,
+}
+
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// Controller address (host:port); default: the topology's.
@@ -98,10 +106,14 @@ struct RunArgs {
     /// Write every frame received and sent to this pcap file.
     #[arg(long)]
     capture: Option<PathBuf>,
-    /// AF_PACKET receive block size in bytes.
+    /// AF_PACKET receive ring: v3 (blocks; a lone frame waits up to
+    /// --rx-block-timeout-ms) or v2 (per-frame hand-over: lowest latency).
+    #[arg(long, value_enum, default_value = "v3")]
+    rx_ring: RingKind,
+    /// AF_PACKET receive block size in bytes (v3).
     #[arg(long, default_value_t = 16384)]
     rx_block_size: u32,
-    /// AF_PACKET receive blocks per port.
+    /// AF_PACKET receive blocks (v3) or frame slots (v2) per port.
     #[arg(long, default_value_t = 128)]
     rx_blocks: u32,
     /// AF_PACKET block retire timeout (ms): the longest a lone frame waits in the ring.
@@ -159,6 +171,10 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
     match args.backend {
         BackendKind::AfPacket => {
             let cfg = AfPacketConfig {
+                ring: match args.rx_ring {
+                    RingKind::V3 => RxRing::V3,
+                    RingKind::V2 => RxRing::V2,
+                },
                 block_size: args.rx_block_size,
                 block_count: args.rx_blocks,
                 block_timeout_ms: args.rx_block_timeout_ms,

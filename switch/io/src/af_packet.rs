@@ -1,6 +1,6 @@
-//! AF_PACKET backend: a TPACKET_V3 receive ring per port, batched `sendmmsg` transmit,
-//! `PACKET_QDISC_BYPASS`, `PACKET_IGNORE_OUTGOING`, promiscuous membership, and one
-//! epoll over every ring plus an eventfd waker.
+//! AF_PACKET backend: a TPACKET_V3 (or, for latency, TPACKET_V2) receive ring per port,
+//! batched `sendmmsg` transmit, `PACKET_QDISC_BYPASS`, `PACKET_IGNORE_OUTGOING`,
+//! promiscuous membership, and one epoll over every ring plus an eventfd waker.
 //!
 //! Ports may live in other network namespaces: each socket is created inside its
 //! namespace on a helper thread (see [`crate::sys`]) and stays bound to it, so one
@@ -8,7 +8,9 @@
 //!
 //! Latency note: TPACKET_V3 hands a block to user space when it is full or when its
 //! retire timer (whole milliseconds) fires. Small blocks keep the delay short under
-//! moderate load; the timer bounds it when the link is nearly idle.
+//! moderate load; the timer bounds it when the link is nearly idle. TPACKET_V2
+//! ([`RxRing::V2`]) hands over every frame at once (one wakeup per frame when idle),
+//! which removes that delay from every hop.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -25,12 +27,29 @@ const TPACKET3_HDR_ALIGNED: usize =
     (std::mem::size_of::<libc::tpacket3_hdr>() + libc::TPACKET_ALIGNMENT - 1)
         & !(libc::TPACKET_ALIGNMENT - 1);
 
+/// Receive ring layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxRing {
+    /// TPACKET_V3: variable-size frames packed in blocks, handed over per block.
+    V3,
+    /// TPACKET_V2: fixed frame slots sized for the interface MTU, handed over per frame.
+    V2,
+}
+
+/// Size of `tpacket2_hdr` rounded up to TPACKET_ALIGNMENT.
+const TPACKET2_HDR_ALIGNED: usize =
+    (std::mem::size_of::<libc::tpacket2_hdr>() + libc::TPACKET_ALIGNMENT - 1)
+        & !(libc::TPACKET_ALIGNMENT - 1);
+
 /// Ring and batch geometry.
 #[derive(Debug, Clone)]
 pub struct AfPacketConfig {
-    /// Receive block size in bytes (multiple of the page size, holds a whole frame).
+    /// Receive ring layout.
+    pub ring: RxRing,
+    /// V3: receive block size in bytes (multiple of the page size); frames larger than
+    /// a block are dropped and counted. V2: ignored (slots fit the interface MTU).
     pub block_size: u32,
-    /// Receive blocks per port.
+    /// V3: receive blocks per port. V2: frame slots per port.
     pub block_count: u32,
     /// Block retire timeout in milliseconds (>= 1).
     pub block_timeout_ms: u32,
@@ -45,6 +64,7 @@ pub struct AfPacketConfig {
 impl Default for AfPacketConfig {
     fn default() -> Self {
         AfPacketConfig {
+            ring: RxRing::V3,
             block_size: 16 * 1024,
             block_count: 128,
             block_timeout_ms: 1,
@@ -55,14 +75,16 @@ impl Default for AfPacketConfig {
     }
 }
 
-/// Receive ring mapped from the kernel.
+/// Receive ring mapped from the kernel: `slot_count` slots of `slot_size` bytes; a
+/// slot is a block (V3) or a frame (V2).
 #[derive(Debug)]
 struct Ring {
     base: *mut u8,
     len: usize,
-    block_size: usize,
-    block_count: usize,
-    /// Next block to look at.
+    version: RxRing,
+    slot_size: usize,
+    slot_count: usize,
+    /// Next slot to look at.
     cur: usize,
 }
 
@@ -71,12 +93,16 @@ struct Ring {
 unsafe impl Send for Ring {}
 
 impl Ring {
-    /// Status word of block `i`, shared with the kernel.
+    /// Status word of slot `i`, shared with the kernel.
     fn status(&self, i: usize) -> &AtomicU32 {
-        let off = i * self.block_size + std::mem::offset_of!(libc::tpacket_block_desc, hdr);
-        // Safety: block i lies inside the mapping; block_status is the first u32 of the
-        // 8-aligned block header at a page-aligned block start, and the kernel accesses
-        // it concurrently, hence an atomic view.
+        let field = match self.version {
+            RxRing::V3 => std::mem::offset_of!(libc::tpacket_block_desc, hdr),
+            RxRing::V2 => std::mem::offset_of!(libc::tpacket2_hdr, tp_status),
+        };
+        let off = i * self.slot_size + field;
+        // Safety: slot i lies inside the mapping; the status is a 4-aligned u32 at the
+        // start of the slot's header (slots start 16-aligned), and the kernel accesses it
+        // concurrently, hence an atomic view.
         unsafe { &*(self.base.add(off) as *const AtomicU32) }
     }
 
@@ -138,22 +164,55 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
     let mac = sys::if_mac(fd.as_raw_fd(), &spec.ifname).map_err(iface_err("read MAC", spec))?;
     let mtu = sys::if_mtu(fd.as_raw_fd(), &spec.ifname).ok();
 
-    let v3 = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
-    sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v3)
-        .map_err(iface_err("set TPACKET_V3", spec))?;
-    let frame_size = 2048u32;
-    let req = libc::tpacket_req3 {
-        tp_block_size: cfg.block_size,
-        tp_block_nr: cfg.block_count,
-        tp_frame_size: frame_size,
-        tp_frame_nr: cfg.block_size / frame_size * cfg.block_count,
-        tp_retire_blk_tov: cfg.block_timeout_ms.max(1),
-        tp_sizeof_priv: 0,
-        tp_feature_req_word: 0,
+    let (version, req) = match cfg.ring {
+        RxRing::V3 => {
+            let frame_size = 2048u32;
+            let req = libc::tpacket_req3 {
+                tp_block_size: cfg.block_size,
+                tp_block_nr: cfg.block_count,
+                tp_frame_size: frame_size,
+                tp_frame_nr: cfg.block_size / frame_size * cfg.block_count,
+                tp_retire_blk_tov: cfg.block_timeout_ms.max(1),
+                tp_sizeof_priv: 0,
+                tp_feature_req_word: 0,
+            };
+            (libc::tpacket_versions::TPACKET_V3, req)
+        }
+        RxRing::V2 => {
+            // One frame per block: a slot holds header, address and a full-MTU frame.
+            let need = TPACKET2_HDR_ALIGNED + std::mem::size_of::<libc::sockaddr_ll>() + 16 + 14;
+            let need = need + mtu.unwrap_or(1500) as usize;
+            let slot = need.div_ceil(4096) * 4096;
+            let req = libc::tpacket_req3 {
+                tp_block_size: slot as u32,
+                tp_block_nr: cfg.block_count,
+                tp_frame_size: slot as u32,
+                tp_frame_nr: cfg.block_count,
+                tp_retire_blk_tov: 0,
+                tp_sizeof_priv: 0,
+                tp_feature_req_word: 0,
+            };
+            (libc::tpacket_versions::TPACKET_V2, req)
+        }
     };
-    sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)
-        .map_err(iface_err("set up PACKET_RX_RING", spec))?;
-    let len = cfg.block_size as usize * cfg.block_count as usize;
+    let v = version as libc::c_int;
+    sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v)
+        .map_err(iface_err("set TPACKET version", spec))?;
+    // V2 reads only the leading tpacket_req fields of the same layout.
+    let set = match cfg.ring {
+        RxRing::V3 => sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req),
+        RxRing::V2 => {
+            let req2 = libc::tpacket_req {
+                tp_block_size: req.tp_block_size,
+                tp_block_nr: req.tp_block_nr,
+                tp_frame_size: req.tp_frame_size,
+                tp_frame_nr: req.tp_frame_nr,
+            };
+            sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req2)
+        }
+    };
+    set.map_err(iface_err("set up PACKET_RX_RING", spec))?;
+    let len = req.tp_block_size as usize * req.tp_block_nr as usize;
     // Safety: maps the ring just configured on `raw`; the result is checked and owned
     // by `Ring`, which unmaps it on drop.
     let base = unsafe {
@@ -172,8 +231,9 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
     let ring = Ring {
         base: base.cast(),
         len,
-        block_size: cfg.block_size as usize,
-        block_count: cfg.block_count as usize,
+        version: cfg.ring,
+        slot_size: req.tp_block_size as usize,
+        slot_count: req.tp_block_nr as usize,
         cur: 0,
     };
 
@@ -216,6 +276,45 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
     }
     let desc = PortDesc { spec: spec.clone(), mac, mtu };
     Ok((PortSock { fd, ring, label: spec.label(), kernel_drops: 0 }, desc))
+}
+
+/// Hand one received frame to `sink` unless it is truncated, outgoing or out of bounds.
+/// `hdr` is the offset of its tpacket header in the ring, `sll_at` the aligned header
+/// size after which the sockaddr_ll follows, `(mac, snaplen, len)` from the header.
+/// Returns 1 if the frame was delivered.
+fn deliver(
+    ring: &Ring,
+    hdr: usize,
+    sll_at: usize,
+    (mac, snap, len): (usize, u32, u32),
+    port: usize,
+    c: &mut PortCounters,
+    sink: &mut dyn FnMut(usize, &[u8]),
+) -> usize {
+    let slot_end = (hdr / ring.slot_size + 1) * ring.slot_size;
+    let sll = hdr + sll_at;
+    if hdr + mac + snap as usize > slot_end
+        || sll + std::mem::size_of::<libc::sockaddr_ll>() > slot_end
+    {
+        return 0;
+    }
+    if snap < len {
+        // Larger than a slot holds: never hand a cut frame to the engine.
+        c.rx_truncated += 1;
+        return 0;
+    }
+    // Safety: the sockaddr_ll follows the aligned header inside the user-owned slot
+    // (bounds checked above).
+    let pkttype = unsafe { (*(ring.base.add(sll) as *const libc::sockaddr_ll)).sll_pkttype };
+    if pkttype == libc::PACKET_OUTGOING {
+        return 0;
+    }
+    // Safety: [hdr+mac, hdr+mac+snap) lies inside the user-owned slot (checked above).
+    let frame = unsafe { std::slice::from_raw_parts(ring.base.add(hdr + mac), snap as usize) };
+    c.rx_packets += 1;
+    c.rx_bytes += u64::from(snap);
+    sink(port, frame);
+    1
 }
 
 impl AfPacketBackend {
@@ -266,61 +365,52 @@ impl AfPacketBackend {
         })
     }
 
-    /// Hand every frame of port `p`'s ready blocks to `sink`, up to `budget` frames
-    /// (whole blocks; a block is released only when all its frames are handed over).
+    /// Hand the frames of port `p`'s ready slots to `sink`, up to `budget` frames (whole
+    /// V3 blocks: a block is released only when all its frames are handed over).
     fn recv_port(&mut self, p: usize, budget: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
         let sock = &mut self.socks[p];
         let c = &mut self.counters[p];
         let ring = &mut sock.ring;
         let mut n = 0;
         while n < budget && ring.ready() {
-            let block = ring.cur * ring.block_size;
-            // Safety: the block is owned by user space (TP_STATUS_USER, acquired above)
-            // until we hand it back; its header lies at the block start.
-            let (num, first) = unsafe {
-                let bd = &*(ring.base.add(block) as *const libc::tpacket_block_desc);
-                (bd.hdr.bh1.num_pkts as usize, bd.hdr.bh1.offset_to_first_pkt as usize)
-            };
-            let mut off = first;
-            for _ in 0..num {
-                if off + std::mem::size_of::<libc::tpacket3_hdr>() > ring.block_size {
-                    break; // malformed block; release it rather than read past it
-                }
-                // Safety: `off` stays inside the user-owned block (checked above and
-                // below); the kernel wrote a tpacket3_hdr there, 16-byte aligned.
-                let h = unsafe { &*(ring.base.add(block + off) as *const libc::tpacket3_hdr) };
-                let (mac, snap) = (h.tp_mac as usize, h.tp_snaplen as usize);
-                let sll_off = off + TPACKET3_HDR_ALIGNED;
-                if off + mac + snap <= ring.block_size
-                    && sll_off + std::mem::size_of::<libc::sockaddr_ll>() <= ring.block_size
-                {
-                    // Safety: the sockaddr_ll follows the aligned header, inside the block.
-                    let pkttype = unsafe {
-                        (*(ring.base.add(block + sll_off) as *const libc::sockaddr_ll)).sll_pkttype
+            let slot = ring.cur * ring.slot_size;
+            match ring.version {
+                RxRing::V3 => {
+                    // Safety: the block is owned by user space (TP_STATUS_USER, acquired
+                    // in ready()) until handed back below; its header is at the start.
+                    let (num, first) = unsafe {
+                        let bd = &*(ring.base.add(slot) as *const libc::tpacket_block_desc);
+                        (bd.hdr.bh1.num_pkts as usize, bd.hdr.bh1.offset_to_first_pkt as usize)
                     };
-                    if h.tp_snaplen < h.tp_len {
-                        // Larger than a block holds: never hand a cut frame to the engine.
-                        c.rx_truncated += 1;
-                    } else if pkttype != libc::PACKET_OUTGOING {
-                        // Safety: [off+mac, off+mac+snap) is inside the user-owned block.
-                        let frame = unsafe {
-                            std::slice::from_raw_parts(ring.base.add(block + off + mac), snap)
-                        };
-                        c.rx_packets += 1;
-                        c.rx_bytes += snap as u64;
-                        sink(p, frame);
-                        n += 1;
+                    let mut off = first;
+                    for _ in 0..num {
+                        if off + std::mem::size_of::<libc::tpacket3_hdr>() > ring.slot_size {
+                            break; // malformed block; release it rather than read past it
+                        }
+                        // Safety: `off` stays inside the user-owned block (checked above);
+                        // the kernel wrote a 16-aligned tpacket3_hdr there.
+                        let h =
+                            unsafe { &*(ring.base.add(slot + off) as *const libc::tpacket3_hdr) };
+                        let frame = (h.tp_mac as usize, h.tp_snaplen, h.tp_len);
+                        n += deliver(ring, slot + off, TPACKET3_HDR_ALIGNED, frame, p, c, sink);
+                        let next = h.tp_next_offset as usize;
+                        if next == 0 {
+                            break;
+                        }
+                        off += next;
                     }
                 }
-                let next = h.tp_next_offset as usize;
-                if next == 0 {
-                    break;
+                RxRing::V2 => {
+                    // Safety: the frame slot is user-owned (TP_STATUS_USER, acquired in
+                    // ready()) until handed back below; its tpacket2_hdr is at the start.
+                    let h = unsafe { &*(ring.base.add(slot) as *const libc::tpacket2_hdr) };
+                    let frame = (h.tp_mac as usize, h.tp_snaplen, h.tp_len);
+                    n += deliver(ring, slot, TPACKET2_HDR_ALIGNED, frame, p, c, sink);
                 }
-                off += next;
             }
             c.rx_batches += 1;
             ring.status(ring.cur).store(libc::TP_STATUS_KERNEL, Ordering::Release);
-            ring.cur = (ring.cur + 1) % ring.block_count;
+            ring.cur = (ring.cur + 1) % ring.slot_count;
         }
         n
     }

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig};
+use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
 use inc_switch_io::{Backend, PortSpec};
 
 struct Netns {
@@ -59,12 +59,22 @@ fn frame(src: [u8; 6], dst: [u8; 6], seq: u32, len: usize) -> Vec<u8> {
 }
 
 #[test]
-fn frames_cross_a_veth_pair_between_namespaces() {
-    let Some(ns) = setup("x") else { return };
+fn frames_cross_a_veth_pair_between_namespaces_v3() {
+    frames_cross(RxRing::V3, "x3");
+}
+
+#[test]
+fn frames_cross_a_veth_pair_between_namespaces_v2() {
+    frames_cross(RxRing::V2, "x2");
+}
+
+fn frames_cross(ring: RxRing, tag: &str) {
+    let Some(ns) = setup(tag) else { return };
     let pa: PortSpec = format!("{}/a0", ns.names[0]).parse().unwrap();
     let pb: PortSpec = format!("{}/b0", ns.names[1]).parse().unwrap();
-    let mut a = AfPacketBackend::open(&[pa], AfPacketConfig::default()).unwrap();
-    let mut b = AfPacketBackend::open(&[pb], AfPacketConfig::default()).unwrap();
+    let cfg = AfPacketConfig { ring, ..AfPacketConfig::default() };
+    let mut a = AfPacketBackend::open(&[pa], cfg.clone()).unwrap();
+    let mut b = AfPacketBackend::open(&[pb], cfg).unwrap();
     let (mac_a, mac_b) = (a.ports()[0].mac, b.ports()[0].mac);
     assert_ne!(mac_a, [0; 6]);
 
@@ -104,9 +114,16 @@ fn frames_cross_a_veth_pair_between_namespaces() {
 
 #[test]
 fn wait_blocks_until_timeout_or_waker_without_spinning() {
-    let Some(ns) = setup("w") else { return };
+    for (ring, tag) in [(RxRing::V3, "w3"), (RxRing::V2, "w2")] {
+        idle_wait(ring, tag);
+    }
+}
+
+fn idle_wait(ring: RxRing, tag: &str) {
+    let Some(ns) = setup(tag) else { return };
     let pa: PortSpec = format!("{}/a0", ns.names[0]).parse().unwrap();
-    let mut a = AfPacketBackend::open(&[pa], AfPacketConfig::default()).unwrap();
+    let cfg = AfPacketConfig { ring, ..AfPacketConfig::default() };
+    let mut a = AfPacketBackend::open(&[pa], cfg).unwrap();
     let t0 = Instant::now();
     let cpu0 = cpu_ticks();
     for _ in 0..10 {
@@ -126,6 +143,41 @@ fn wait_blocks_until_timeout_or_waker_without_spinning() {
     a.wait(Some(Duration::from_secs(10))).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(5), "waker did not interrupt wait");
     h.join().unwrap();
+}
+
+#[test]
+fn frames_larger_than_a_block_are_dropped_and_counted() {
+    let Some(ns) = setup("t") else { return };
+    for n in &ns.names {
+        let ifn = if n.ends_with("-a") { "a0" } else { "b0" };
+        assert!(ip(&["-n", n, "link", "set", ifn, "mtu", "9000"]));
+    }
+    let pa: PortSpec = format!("{}/a0", ns.names[0]).parse().unwrap();
+    let pb: PortSpec = format!("{}/b0", ns.names[1]).parse().unwrap();
+    let mut a = AfPacketBackend::open(&[pa], AfPacketConfig::default()).unwrap();
+    let small = AfPacketConfig { block_size: 4096, ..AfPacketConfig::default() };
+    let mut b = AfPacketBackend::open(&[pb], small).unwrap();
+    let (mac_a, mac_b) = (a.ports()[0].mac, b.ports()[0].mac);
+    for (seq, len) in [(1u32, 6000usize), (2, 1000)] {
+        let f = frame(mac_a, mac_b, seq, len);
+        let buf = a.tx_buffer().unwrap();
+        buf[..f.len()].copy_from_slice(&f);
+        a.commit_tx(0, f.len());
+    }
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.is_empty() && Instant::now() < deadline {
+        b.wait(Some(Duration::from_millis(50))).unwrap();
+        b.recv_batch(64, &mut |_, f| {
+            if f[12..14] == [0x88, 0xb5] {
+                got.push(f.len());
+            }
+        })
+        .unwrap();
+    }
+    assert_eq!(got, vec![1000]);
+    assert_eq!(b.port_counters(0).rx_truncated, 1);
 }
 
 #[test]
