@@ -326,11 +326,6 @@ pub fn memory_bound(r: &SwitchRules, deterministic_float: bool) -> u64 {
     slots * stride + slots * 64 + r.connections.len() as u64 * per_conn
 }
 
-/// Bytes a switch holds (current).
-pub fn switch_memory(c: &SwitchCounters) -> u64 {
-    c.memory_bytes()
-}
-
 /// Packets a switch retransmitted.
 pub fn switch_retransmits(c: &SwitchCounters) -> u64 {
     c.retransmits()
@@ -466,6 +461,9 @@ fn verify(
     // outputs[comm][job][rank]
     let mut outputs: Vec<Vec<Vec<Option<&[u8]>>>> =
         runs.iter().map(|r| vec![vec![None; r.world]; r.cases.len()]).collect();
+    // times[comm][job] = (rank, start, finish) of every rank that completed it
+    let mut times: Vec<Vec<Vec<(u16, Nanos, Nanos)>>> =
+        runs.iter().map(|r| vec![Vec::new(); r.cases.len()]).collect();
     for n in fabric.nodes() {
         let SimNode::Host(h) = n else { continue };
         for q in &h.qps {
@@ -492,6 +490,35 @@ fn verify(
             }
             for o in &q.outcomes {
                 outputs[q.comm][o.index][usize::from(q.rank)] = o.output.as_deref();
+                times[q.comm][o.index].push((q.rank, o.started, o.finished));
+            }
+        }
+    }
+    // Completion is end to end (DESIGN 8): a rank may only complete once every rank its
+    // completion depends on has started. A Broadcast receiver needs the root; everything
+    // else (results, Progress, delivery to every receiver) needs every rank.
+    for (ci, per_job) in times.iter().enumerate() {
+        for (ji, finishes) in per_job.iter().enumerate() {
+            if failing == Some((ci, ji)) {
+                continue;
+            }
+            let start = |r: u16| finishes.iter().find(|f| f.0 == r).map_or(0, |f| f.1);
+            let last_start = finishes.iter().map(|f| f.1).max().unwrap_or(0);
+            let case = &runs[ci].cases[ji];
+            for &(rank, _, finished) in finishes {
+                let (needed, who) = match case.kind {
+                    Kind::Broadcast { root } if root != rank => {
+                        (start(root), format!("root {root}"))
+                    }
+                    _ => (last_start, "the last rank".to_string()),
+                };
+                if finished < needed {
+                    return Err(format!(
+                        "comm {ci} collective #{ji} ({}): rank {rank} completed at t={finished}ns, \
+                         before {who} started it at t={needed}ns",
+                        case.describe()
+                    ));
+                }
             }
         }
     }
