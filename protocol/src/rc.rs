@@ -112,6 +112,8 @@ pub struct RcCounters {
     pub rx_stale_acks: u64,
     /// Retransmission timeouts.
     pub timeouts: u64,
+    /// Tail probes: the newest packet re-sent with AckReq when its ACK was not requested.
+    pub tail_probes: u64,
 }
 
 impl RcCounters {
@@ -132,6 +134,7 @@ impl RcCounters {
         self.rx_fatal_naks += o.rx_fatal_naks;
         self.rx_stale_acks += o.rx_stale_acks;
         self.timeouts += o.timeouts;
+        self.tail_probes += o.tail_probes;
     }
 }
 
@@ -227,6 +230,13 @@ pub struct RcConnection {
     retries: u32,
     rnr_retries: u32,
     since_ack_req: u32,
+    /// The newest in-flight packet sent with AckReq: the ACK it draws covers
+    /// everything before it, so the tail needs no AckReq of its own yet.
+    ack_req_psn: Option<Psn>,
+    /// When the packets sent after the last AckReq are left without one and nothing
+    /// new goes out, re-send the newest with AckReq (a duplicate the peer re-ACKs;
+    /// rxe only ACKs on AckReq).
+    probe_at: Option<Time>,
     failed: Option<RcFailure>,
     // Responder.
     epsn: Psn,
@@ -244,18 +254,24 @@ impl RcConnection {
     /// A connection in RTS state.
     pub fn new(cfg: RcConfig) -> Self {
         let t = cfg.timers;
+        // Every frame buffer up front: memory is fixed by the queue size, never by the
+        // traffic, and the hot path never allocates.
+        let cap = frame::max_frame_len(cfg.max_payload);
+        let pool = (0..cfg.send_queue).map(|_| vec![0; cap]).collect();
         RcConnection {
             next_psn: cfg.send_start_psn,
             queue: VecDeque::with_capacity(cfg.send_queue),
             send_idx: 0,
             sent_hi: 0,
-            pool: Vec::new(),
+            pool,
             rtt: RttEstimator::new(t.rto_initial, t.rto_min, t.rto_max),
             rto_deadline: None,
             rnr_until: None,
             retries: 0,
             rnr_retries: 0,
             since_ack_req: 0,
+            ack_req_psn: None,
+            probe_at: None,
             failed: None,
             epsn: cfg.recv_start_psn,
             msn: 0,
@@ -447,6 +463,15 @@ impl RcConnection {
         }
         self.send_idx = self.send_idx.saturating_sub(n);
         self.sent_hi -= n;
+        if self.ack_req_psn.is_some_and(|p| p.is_before(upto)) {
+            self.ack_req_psn = None;
+            if self.send_idx > 0 {
+                self.probe_at = Some(now + self.cfg.timers.ack_delay);
+            }
+        }
+        if self.send_idx == 0 {
+            self.probe_at = None;
+        }
         if n > 0 {
             self.retries = 0;
             match sample {
@@ -462,7 +487,7 @@ impl RcConnection {
             Response::SeqNak => {
                 self.counters.rx_seq_naks += 1;
                 self.rnr_retries = 0;
-                self.send_idx = 0;
+                self.rewind();
             }
             Response::Rnr => {
                 self.counters.rx_rnr_naks += 1;
@@ -476,13 +501,20 @@ impl RcConnection {
                 }
                 let AethSyndrome::RnrNak { timer } = aeth.syndrome else { unreachable!() };
                 self.rnr_until = Some(now + inc_wire::rnr_timer_to_duration(timer));
-                self.send_idx = 0;
+                self.rewind();
                 self.rto_deadline = None;
                 return Inbound::Handled;
             }
         }
         self.rto_deadline = if self.send_idx > 0 { Some(now + self.rtt.rto()) } else { None };
         Inbound::Handled
+    }
+
+    /// Go back N: resend everything unacknowledged.
+    fn rewind(&mut self) {
+        self.send_idx = 0;
+        self.ack_req_psn = None;
+        self.probe_at = None;
     }
 
     fn fail(&mut self, f: RcFailure) {
@@ -497,7 +529,7 @@ impl RcConnection {
         while let Some(e) = self.queue.pop_front() {
             self.pool.push(e.buf);
         }
-        self.send_idx = 0;
+        self.rewind();
         self.sent_hi = 0;
     }
 
@@ -530,7 +562,7 @@ impl RcConnection {
             self.ack_due = None;
             return len;
         }
-        if self.failed.is_some() || self.send_idx >= self.queue.len() {
+        if self.failed.is_some() {
             return None;
         }
         if let Some(t) = self.rnr_until {
@@ -538,6 +570,9 @@ impl RcConnection {
                 return None;
             }
             self.rnr_until = None;
+        }
+        if self.send_idx >= self.queue.len() {
+            return self.poll_probe(now, buf);
         }
         let last = self.send_idx + 1 == self.queue.len();
         let e = &mut self.queue[self.send_idx];
@@ -550,9 +585,12 @@ impl RcConnection {
             frame::set_dst_mac(out, mac);
         }
         self.since_ack_req += 1;
-        let ack_req = last || self.since_ack_req >= self.cfg.timers.ack_req_every;
+        let ack_req = self.since_ack_req >= self.cfg.timers.ack_req_every
+            || (last && self.ack_req_psn.is_none());
         if ack_req {
             self.since_ack_req = 0;
+            self.ack_req_psn = Some(e.psn);
+            self.probe_at = None;
             frame::set_ack_req(out, true);
         }
         if e.first_sent.is_none() {
@@ -570,13 +608,37 @@ impl RcConnection {
         Some(e.len)
     }
 
+    /// The tail probe, when due: the newest sent packet again, with AckReq.
+    fn poll_probe(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+        if self.probe_at.is_none_or(|t| t > now) || self.send_idx == 0 {
+            return None;
+        }
+        let e = &mut self.queue[self.send_idx - 1];
+        if buf.len() < e.len {
+            return None;
+        }
+        let out = &mut buf[..e.len];
+        out.copy_from_slice(&e.buf[..e.len]);
+        if let Some(mac) = self.cfg.addr.peer_mac {
+            frame::set_dst_mac(out, mac);
+        }
+        frame::set_ack_req(out, true);
+        // Karn: an ACK may now answer either copy.
+        e.retransmitted = true;
+        self.probe_at = None;
+        self.ack_req_psn = Some(e.psn);
+        self.since_ack_req = 0;
+        self.counters.tail_probes += 1;
+        Some(e.len)
+    }
+
     /// Earliest time [`handle_timeout`](Self::handle_timeout) must run.
     pub fn poll_timeout(&self) -> Option<Time> {
         if self.failed.is_some() {
             return None;
         }
         let ack = if self.pending.is_some() { None } else { self.ack_due };
-        earliest(earliest(self.rto_deadline, self.rnr_until), ack)
+        earliest(earliest(self.rto_deadline, self.rnr_until), earliest(ack, self.probe_at))
     }
 
     /// True when a frame is ready to go now (ACK owed or requests waiting).
@@ -584,7 +646,7 @@ impl RcConnection {
         self.pending.is_some()
             || self.ack_due.is_some_and(|t| t <= now)
             || (self.failed.is_none()
-                && self.send_idx < self.queue.len()
+                && (self.send_idx < self.queue.len() || self.probe_at.is_some_and(|t| t <= now))
                 && self.rnr_until.is_none_or(|t| t <= now))
     }
 
@@ -611,7 +673,7 @@ impl RcConnection {
             }
             tracing::debug!(%psn, retries = self.retries, "RC retransmission timeout, going back");
             self.rtt.on_timeout();
-            self.send_idx = 0;
+            self.rewind();
         }
         None
     }
@@ -752,6 +814,55 @@ mod tests {
         assert_eq!(got, (0..100).collect::<Vec<_>>());
         assert_eq!(b.tx_rnr_naks, 10);
         assert_eq!(a.rx_rnr_naks, 10);
+    }
+
+    /// A peer that, like rxe, ACKs only packets with AckReq, fed one message at a time
+    /// faster than the round trip: no timeouts, and far fewer ACKs than messages.
+    #[test]
+    fn trickle_to_an_ack_req_only_peer() {
+        let mut a = RcConnection::new(cfg(1, 2, 64));
+        let mut bc = cfg(2, 1, 64);
+        bc.timers.ack_coalesce = u32::MAX;
+        bc.timers.ack_delay = Duration::from_secs(3600);
+        let mut b = RcConnection::new(bc);
+        let rtt = Duration::from_micros(50);
+        let mut wire: std::collections::VecDeque<(Time, bool, Vec<u8>)> = Default::default();
+        let mut now = Time::ZERO;
+        let mut buf = vec![0u8; 2048];
+        let mut got = 0u32;
+        let n = 300u32;
+        let mut next = 0u32;
+        while got < n || a.queued() > 0 {
+            assert!(now < Time::from_nanos(1_000_000_000), "stuck: {:?}", a.counters());
+            if next < n && a.send_room() > 0 {
+                a.send(None, &next.to_be_bytes()).unwrap();
+                next += 1;
+            }
+            while let Some(len) = a.poll_transmit(now, &mut buf) {
+                wire.push_back((now + rtt / 2, true, buf[..len].to_vec()));
+            }
+            while let Some(len) = b.poll_transmit(now, &mut buf) {
+                wire.push_back((now + rtt / 2, false, buf[..len].to_vec()));
+            }
+            while wire.front().is_some_and(|(t, _, _)| *t <= now) {
+                let (_, to_b, f) = wire.pop_front().unwrap();
+                let f = RoceRepr::parse(&f).unwrap();
+                let (rx, is_b) = if to_b { (&mut b, true) } else { (&mut a, false) };
+                if let Inbound::Request = rx.on_packet(now, &f.repr.bth, f.repr.ext.aeth.as_ref()) {
+                    rx.accept(now);
+                    if is_b {
+                        got += 1;
+                    }
+                }
+            }
+            now += Duration::from_micros(5);
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+        }
+        let (ca, cb) = (a.counters(), b.counters());
+        assert_eq!(ca.timeouts, 0, "{ca:?}");
+        assert_eq!(cb.rx_requests, u64::from(n));
+        assert!(cb.tx_acks < u64::from(n) / 3, "ACKs {} for {n} messages", cb.tx_acks);
     }
 
     #[test]
