@@ -543,8 +543,25 @@ impl Backend for AfPacketBackend {
         if self.socks.iter().any(|s| s.ring.ready()) {
             return Ok(());
         }
-        self.epoll.wait(timeout).map_err(|source| IoError::Sys { op: "epoll_wait", source })?;
-        self.wake.drain();
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        let n = self
+            .epoll
+            .wait(timeout, &mut events)
+            .map_err(|source| IoError::Sys { op: "epoll_wait", source })?;
+        for ev in &events[..n] {
+            let (flags, token) = (ev.events, ev.u64);
+            if token == u64::MAX {
+                self.wake.drain();
+            } else if flags & (libc::EPOLLERR as u32) != 0 {
+                // A pending socket error (interface down or gone) keeps the fd ready;
+                // take it so the loop does not spin, and report it once.
+                let p = token as usize;
+                if let Some(e) = sys::take_socket_error(self.socks[p].fd.as_raw_fd()) {
+                    self.counters[p].link_errors += 1;
+                    warn!(iface = %self.socks[p].label, error = %e, "port error");
+                }
+            }
+        }
         Ok(())
     }
 

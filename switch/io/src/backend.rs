@@ -118,6 +118,8 @@ pub struct PortCounters {
     pub tx_dropped: u64,
     /// Times the transmit batch was full and had to be flushed early.
     pub tx_batch_full: u64,
+    /// Errors reported by the port (interface went down or away).
+    pub link_errors: u64,
     /// Receive batches (blocks for AF_PACKET) processed.
     pub rx_batches: u64,
     /// Transmit system calls (or batch hand-offs).

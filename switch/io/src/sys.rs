@@ -45,12 +45,16 @@ impl Epoll {
 
     /// Wait for readiness; `None` blocks indefinitely. Timeouts are rounded up to whole
     /// milliseconds so that a sub-millisecond deadline never turns into a busy loop.
-    pub(crate) fn wait(&self, timeout: Option<Duration>) -> io::Result<usize> {
+    /// Ready events are written to `events`; returns how many.
+    pub(crate) fn wait(
+        &self,
+        timeout: Option<Duration>,
+        events: &mut [libc::epoll_event],
+    ) -> io::Result<usize> {
         let ms: libc::c_int = match timeout {
             None => -1,
             Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int,
         };
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
         // Safety: `events` is a writable array of the length passed.
         let n = unsafe {
             libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, ms)
@@ -64,6 +68,13 @@ impl Epoll {
         }
         Ok(n as usize)
     }
+}
+
+/// Take (and clear) a socket's pending error (`SO_ERROR`).
+pub(crate) fn take_socket_error(fd: RawFd) -> Option<io::Error> {
+    let mut err: libc::c_int = 0;
+    getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err).ok()?;
+    (err != 0).then(|| io::Error::from_raw_os_error(err))
 }
 
 /// An eventfd used as a cross-thread waker.

@@ -181,6 +181,23 @@ fn frames_larger_than_a_block_are_dropped_and_counted() {
 }
 
 #[test]
+fn a_vanished_interface_is_reported_without_spinning() {
+    let Some(ns) = setup("g") else { return };
+    let pa: PortSpec = format!("{}/a0", ns.names[0]).parse().unwrap();
+    let mut a = AfPacketBackend::open(&[pa], AfPacketConfig::default()).unwrap();
+    assert!(ip(&["-n", &ns.names[0], "link", "del", "a0"]));
+    let t0 = Instant::now();
+    let cpu0 = cpu_ticks();
+    for _ in 0..10 {
+        a.wait(Some(Duration::from_millis(50))).unwrap();
+        a.recv_batch(64, &mut |_, _| {}).unwrap();
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(400), "wait spun on the dead port");
+    assert!(cpu_ticks() - cpu0 <= 5, "wait burnt CPU on the dead port");
+    assert!(a.port_counters(0).link_errors >= 1);
+}
+
+#[test]
 fn missing_interface_and_namespace_are_named_in_errors() {
     let Some(ns) = setup("e") else { return };
     let bad_if: PortSpec = format!("{}/nope0", ns.names[0]).parse().unwrap();
