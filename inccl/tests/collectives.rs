@@ -244,3 +244,27 @@ fn verbs_transport_without_the_feature_is_a_clear_error() {
         );
     }
 }
+
+#[test]
+fn idle_rank_keeps_its_connection_between_collectives() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    ranks(&fabric, |rank, cfg| {
+        let group = Group::create(cfg).unwrap();
+        let mut comm = group.communicator(comm_config()).unwrap();
+        let src = vec![1i32; 20_000];
+        for _ in 0..3 {
+            let mut d = vec![0; if rank == 3 { 20_000 } else { 0 }];
+            comm.reduce(&src, &mut d, ReduceOp::Sum, 3).unwrap();
+        }
+        if rank == 3 {
+            // "Computing": the library gets no calls, yet the switch still talks to
+            // this rank (late progress and ACK requests) and must get answers.
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        let mut d = vec![0; 20_000];
+        comm.allreduce(&src, &mut d, ReduceOp::Sum).unwrap();
+        assert!(d.iter().all(|v| *v == 4));
+        comm.destroy().unwrap();
+        group.destroy().unwrap();
+    });
+}

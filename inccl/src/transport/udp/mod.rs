@@ -7,12 +7,21 @@
 //! BTH..ICRC to the switch; receiving lands the datagram at offset 42 of a slot and
 //! rebuilds the headers in front of it (ID 0, DF, TTL 64, addresses and ports from the
 //! datagram) so the engine verifies the ICRC over what was on the wire.
+//!
+//! Inside a collective the caller's thread drives the engine; between collectives a
+//! progress thread does (ACKs, RNR NAKs, RC timers), as an RDMA NIC would, so the
+//! switch's RC connection never times out while the application computes. The thread
+//! sleeps in `poll` on the socket and the engine's next timer.
 
 mod sys;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use inc_ctrl_proto::{HostEndpoint, Mac, RankEndpoint};
@@ -213,22 +222,127 @@ impl RoceSocket {
     }
 }
 
+/// The QP state shared by the caller's thread (inside collectives) and the progress
+/// thread (between them).
+#[derive(Debug)]
+struct Core {
+    io: RoceSocket,
+    epoch: Instant,
+    engine: HostEngine,
+    switch: SocketAddrV4,
+    switch_mac: Mac,
+}
+
+impl Core {
+    fn now(&self) -> Time {
+        Time::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Send everything the engine has ready. Returns packets sent.
+    fn flush(&mut self, bufs: &OpBuffers<'_>) -> io::Result<usize> {
+        let Core { io, epoch, engine, switch, .. } = self;
+        io.send_frames(*switch, |slot| {
+            engine.poll_transmit(Time::from_nanos(epoch.elapsed().as_nanos() as u64), slot, bufs)
+        })
+    }
+
+    /// Feed every queued datagram to the engine. Returns packets handled.
+    fn receive(&mut self, bufs: &mut OpBuffers<'_>) -> io::Result<usize> {
+        let now = self.now();
+        let Core { io, engine, switch, switch_mac, .. } = self;
+        io.recv_frames(*switch.ip(), *switch_mac, |frame| engine.handle_frame(now, frame, bufs))
+    }
+
+    fn fire_timers(&mut self) {
+        let now = self.now();
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+    }
+
+    /// Time until the engine's next timer.
+    fn next_timer(&self) -> Option<Duration> {
+        let now = self.now();
+        self.engine.poll_timeout().map(|t| if t > now { t - now } else { Duration::ZERO })
+    }
+
+    /// Between collectives: ACK (or RNR-NAK) what arrives and run the RC timers, as an
+    /// RDMA NIC does without the application, so the switch's connection never
+    /// exhausts its retries while the application computes.
+    fn service_idle(&mut self) -> io::Result<()> {
+        let mut none = OpBuffers::None;
+        self.receive(&mut none)?;
+        self.fire_timers();
+        self.flush(&none)?;
+        Ok(())
+    }
+}
+
+fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
+    // Every step leaves the engine consistent; a panic elsewhere does not poison it.
+    core.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The progress thread of a connected QP.
+#[derive(Debug)]
+struct Progress {
+    stop: Arc<AtomicBool>,
+    wake: UnixDatagram,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.wake.send(&[1]).ok();
+        if let Some(t) = self.thread.take() {
+            t.join().ok();
+        }
+    }
+}
+
+fn progress_loop(
+    core: Arc<Mutex<Core>>,
+    sock: UdpSocket,
+    wake: UnixDatagram,
+    stop: Arc<AtomicBool>,
+) {
+    use nix::poll::{poll, PollFd, PollTimeout};
+    while !stop.load(Ordering::Relaxed) {
+        let timer = {
+            let mut c = lock(&core);
+            if let Err(e) = c.service_idle() {
+                debug!(error = %e, "progress thread: socket error");
+            }
+            c.next_timer()
+        };
+        let timeout = match timer {
+            // Round up so a sub-millisecond timer does not spin.
+            Some(t) => PollTimeout::from(t.as_nanos().div_ceil(1_000_000).min(60_000) as u16),
+            None => PollTimeout::NONE,
+        };
+        let mut fds = [
+            PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+        ];
+        poll(&mut fds, timeout).ok();
+        // While a collective runs, the caller holds the lock and this thread waits on
+        // it above instead of spinning on the readable socket.
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct UdpTransport {
-    io: RoceSocket,
+    /// Before `connect`: the socket alone.
+    io: Option<RoceSocket>,
+    core: Option<Arc<Mutex<Core>>>,
+    progress: Option<Progress>,
+    local: SocketAddrV4,
+    mac: Mac,
     rank: u16,
     qpn: u32,
     start_psn: u32,
     op_timeout: Duration,
-    epoch: Instant,
-    peer: Option<Peer>,
-}
-
-#[derive(Debug)]
-struct Peer {
-    engine: HostEngine,
-    switch: SocketAddrV4,
-    switch_mac: Mac,
     comm_id: u32,
     switch_id: u32,
 }
@@ -239,70 +353,43 @@ impl UdpTransport {
             Error::io(format!("rank {rank}: data-plane UDP socket on {}", dp.ip), e)
         })?;
         let (qpn, start_psn) = random_qpn_psn();
-        debug!(rank, local = %io.local_addr(), qpn, start_psn, "userspace RoCEv2 QP created");
+        let local = io.local_addr();
+        debug!(rank, %local, qpn, start_psn, "userspace RoCEv2 QP created");
         Ok(UdpTransport {
-            io,
+            io: Some(io),
+            core: None,
+            progress: None,
+            local,
+            mac: dp.mac,
             rank,
             qpn,
             start_psn,
             op_timeout: cfg.op_timeout,
-            epoch: Instant::now(),
-            peer: None,
+            comm_id: 0,
+            switch_id: 0,
         })
-    }
-
-    fn now(&self) -> Time {
-        Time::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
     fn fail(&self, reason: String) -> Error {
-        let comm_id = self.peer.as_ref().map_or(0, |p| p.comm_id);
-        Error::Collective { rank: self.rank, comm_id, reason }
-    }
-
-    /// Send everything the engine has ready. Returns packets sent.
-    fn flush(&mut self, bufs: &OpBuffers<'_>) -> Result<usize> {
-        let UdpTransport { io, peer, epoch, .. } = self;
-        let peer = peer.as_mut().expect("connected");
-        let to = peer.switch;
-        let engine = &mut peer.engine;
-        let r = io.send_frames(to, |slot| {
-            engine.poll_transmit(Time::from_nanos(epoch.elapsed().as_nanos() as u64), slot, bufs)
-        });
-        r.map_err(|e| {
-            self.fail(format!("sending to switch {to} from {}: {e}", self.io.local_addr()))
-        })
-    }
-
-    /// Receive every queued datagram and feed the engine. Returns packets handled.
-    fn receive(&mut self, bufs: &mut OpBuffers<'_>) -> Result<usize> {
-        let now = self.now();
-        let UdpTransport { io, peer, .. } = self;
-        let peer = peer.as_mut().expect("connected");
-        let engine = &mut peer.engine;
-        let r = io.recv_frames(*peer.switch.ip(), peer.switch_mac, |frame| {
-            engine.handle_frame(now, frame, bufs)
-        });
-        r.map_err(|e| self.fail(format!("receiving on {}: {e}", self.io.local_addr())))
+        Error::Collective { rank: self.rank, comm_id: self.comm_id, reason }
     }
 }
 
 impl Transport for UdpTransport {
     fn local_endpoint(&self) -> RankEndpoint {
-        let local = self.io.local_addr();
         RankEndpoint {
             rank: self.rank,
-            ip: *local.ip(),
-            mac: Some(self.io.mac),
+            ip: *self.local.ip(),
+            mac: Some(self.mac),
             qpn: self.qpn,
             start_psn: self.start_psn,
-            udp_port: local.port(),
+            udp_port: self.local.port(),
         }
     }
 
     fn connect(&mut self, ep: &HostEndpoint, world_size: u16) -> Result<()> {
-        let local = self.io.local_addr();
-        if ep.host_qpn != self.qpn || ep.host_udp_port != local.port() || ep.rank != self.rank {
+        if ep.host_qpn != self.qpn || ep.host_udp_port != self.local.port() || ep.rank != self.rank
+        {
             return Err(Error::Peer {
                 rank: self.rank,
                 reason: format!(
@@ -313,71 +400,95 @@ impl Transport for UdpTransport {
                     ep.host_udp_port,
                     self.rank,
                     self.qpn,
-                    local.port()
+                    self.local.port()
                 ),
             });
         }
+        let Some(io) = self.io.take() else {
+            return Err(Error::Unusable("communicator", "its QP is already connected".into()));
+        };
         let config = HostQpConfig::from_endpoint(
             ep,
             world_size,
-            EthernetAddress(self.io.mac.0),
-            *local.ip(),
+            EthernetAddress(self.mac.0),
+            *self.local.ip(),
         );
         let opts = HostOptions { progress_timeout: self.op_timeout, ..HostOptions::default() };
-        self.peer = Some(Peer {
+        let poll_sock = io.sock.try_clone().map_err(|e| {
+            Error::io(format!("rank {}: cloning the data-plane socket", self.rank), e)
+        })?;
+        let core = Arc::new(Mutex::new(Core {
+            io,
+            epoch: Instant::now(),
             engine: HostEngine::with_options(config, opts),
             switch: SocketAddrV4::new(ep.switch_ip, inc_wire::ROCEV2_PORT),
             switch_mac: ep.switch_mac,
-            comm_id: ep.comm_id,
-            switch_id: ep.switch_id,
-        });
+        }));
+        let (wake, wake_rx) = UnixDatagram::pair().map_err(|e| {
+            Error::io(format!("rank {}: progress thread wake-up socket", self.rank), e)
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (core, stop) = (core.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("inccl-progress-{}", ep.comm_id))
+                .spawn(move || progress_loop(core, poll_sock, wake_rx, stop))
+                .map_err(|e| {
+                    Error::io(format!("rank {}: starting the progress thread", self.rank), e)
+                })?
+        };
+        self.core = Some(core);
+        self.progress = Some(Progress { stop, wake, thread: Some(thread) });
+        self.comm_id = ep.comm_id;
+        self.switch_id = ep.switch_id;
         Ok(())
     }
 
     fn run(&mut self, spec: CollectiveSpec, mut bufs: OpBuffers<'_>) -> Result<()> {
-        let now = self.now();
-        let Some(peer) = self.peer.as_mut() else {
+        let Some(core) = self.core.clone() else {
             return Err(Error::Unusable("communicator", "its QP is not connected".into()));
         };
-        peer.engine.start(now, spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        // Held for the whole collective: the progress thread only runs between them.
+        let mut c = lock(&core);
+        let now = c.now();
+        c.engine.start(now, spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         // Backstop for the engine's own progress timeout (which names the stalled PSN
         // and fires first): give up if nothing at all arrives for longer.
         let stall_limit = self.op_timeout + Duration::from_secs(1);
         let mut last_rx = Instant::now();
         loop {
-            self.flush(&bufs)?;
-            let peer = self.peer.as_mut().expect("connected");
-            if let Some(done) = peer.engine.poll_completion() {
-                trace!(stats = ?self.io.stats(), "collective finished");
+            c.flush(&bufs).map_err(|e| {
+                self.fail(format!("sending to switch {} from {}: {e}", c.switch, self.local))
+            })?;
+            if let Some(done) = c.engine.poll_completion() {
+                trace!(stats = ?c.io.stats(), "collective finished");
                 return done.map_err(|e| self.fail(e.to_string()));
             }
-            let now = Time::from_nanos(self.epoch.elapsed().as_nanos() as u64);
-            let until_timer =
-                peer.engine.poll_timeout().map(|t| if t > now { t - now } else { Duration::ZERO });
             let stall_left = stall_limit.saturating_sub(last_rx.elapsed());
-            let wait_for = until_timer.map_or(stall_left, |t| t.min(stall_left));
-            let readable = self
-                .io
-                .wait_readable(wait_for)
-                .map_err(|e| self.fail(format!("poll on {}: {e}", self.io.local_addr())))?;
-            if readable && self.receive(&mut bufs)? > 0 {
-                last_rx = Instant::now();
+            let wait_for = c.next_timer().map_or(stall_left, |t| t.min(stall_left));
+            let readable =
+                c.io.wait_readable(wait_for)
+                    .map_err(|e| self.fail(format!("poll on {}: {e}", self.local)))?;
+            if readable {
+                let n = c
+                    .receive(&mut bufs)
+                    .map_err(|e| self.fail(format!("receiving on {}: {e}", self.local)))?;
+                if n > 0 {
+                    last_rx = Instant::now();
+                }
             }
-            let now = self.now();
-            let peer = self.peer.as_mut().expect("connected");
-            if peer.engine.poll_timeout().is_some_and(|t| t <= now) {
-                peer.engine.handle_timeout(now);
-            }
+            c.fire_timers();
             if last_rx.elapsed() >= stall_limit {
-                let (switch, switch_id) = (peer.switch, peer.switch_id);
-                let counters = peer.engine.counters();
                 return Err(self.fail(format!(
                     "{:?} of {} elements made no progress for {stall_limit:?}: nothing received \
-                     from switch {switch_id} at {switch} (a peer rank or switch may be down); \
-                     engine {counters:?}; socket {:?}",
+                     from switch {} at {} (a peer rank or switch may be down); engine {:?}; \
+                     socket {:?}",
                     spec.kind,
                     spec.count,
-                    self.io.stats()
+                    self.switch_id,
+                    c.switch,
+                    c.engine.counters(),
+                    c.io.stats()
                 )));
             }
         }
