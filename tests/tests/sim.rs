@@ -37,7 +37,7 @@ fn summary(test: &str, topology: &str, reports: &[Report]) {
     });
     println!(
         "{test} on {topology}: {} runs, {} collectives, {} MB, {} frames ({} dropped, {} duplicated, \
-         {} reordered, {} corrupted), {retx} retransmissions, {:.1} ms simulated",
+         {} reordered, {} corrupted), {retx} retransmissions, {} ARP replies, {:.1} ms simulated",
         reports.len(),
         sum(&|r| r.collectives as u64),
         sum(&|r| r.bytes) / 1_000_000,
@@ -46,6 +46,7 @@ fn summary(test: &str, topology: &str, reports: &[Report]) {
         sum(&|r| r.links.duplicated),
         sum(&|r| r.links.reordered),
         sum(&|r| r.links.corrupted),
+        sum(&|r| r.host_arp_replies),
         sum(&|r| r.sim_time) as f64 / 1e6,
     );
 }
@@ -370,6 +371,17 @@ fn same_seed_same_run() {
             ));
         }
         Ok(())
+    });
+}
+
+/// Hosts with `mac: learn`: the rules carry no host MAC, switches must learn it (from the
+/// host's frames or by ARP, which the simulated hosts answer like a kernel).
+#[test]
+fn hosts_with_learned_macs() {
+    suite("hosts_with_learned_macs", 40, "tree-2-2-learn", |seed| Shape {
+        faults: if seed % 2 == 0 { FaultConfig::NONE } else { lossy(seed, 0.05) },
+        think_time: 100 * MICROS,
+        ..Shape::default()
     });
 }
 

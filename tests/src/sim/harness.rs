@@ -8,7 +8,12 @@ use inc_controller::Topology;
 use inc_ctrl_proto::Mac;
 use inc_protocol::Time;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig, SwitchEvent};
-use inc_wire::{icrc, DataType, EthernetAddress, Ipv4Packet, Operator};
+use std::net::Ipv4Addr;
+
+use inc_wire::{
+    icrc, ArpOperation, ArpPacket, ArpRepr, DataType, EtherType, EthernetAddress, EthernetFrame,
+    EthernetRepr, Ipv4Packet, Operator,
+};
 use inccl_engine::{CollectiveKind, CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
 
 use super::cases::CollectiveCase;
@@ -290,12 +295,50 @@ pub struct HostNode {
     next_tx: usize,
     /// Frames whose destination QP matched no QP here.
     pub unknown_qp: u64,
+    /// The host's IP and MAC, for answering ARP as its kernel would.
+    addr: (Ipv4Addr, EthernetAddress),
+    /// ARP replies to send.
+    arp_out: VecDeque<[u8; ARP_FRAME_LEN]>,
+    /// ARP requests for this host answered.
+    pub arp_replies: u64,
 }
 
+/// Ethernet + ARP, padded to the Ethernet minimum.
+const ARP_FRAME_LEN: usize = 60;
+
 impl HostNode {
-    /// A host without QPs.
-    pub fn new(name: &str) -> Self {
-        HostNode { name: name.to_string(), qps: Vec::new(), next_tx: 0, unknown_qp: 0 }
+    /// Topology host `host`, without QPs yet.
+    pub fn new(topo: &Topology, host: usize) -> Self {
+        HostNode {
+            name: topo.hosts[host].name.clone(),
+            qps: Vec::new(),
+            next_tx: 0,
+            unknown_qp: 0,
+            addr: (topo.hosts[host].addr.ip, mac(host_mac(topo, host))),
+            arp_out: VecDeque::new(),
+            arp_replies: 0,
+        }
+    }
+
+    /// Answers an ARP request for our address (switches with `mac: learn` peers ask).
+    fn handle_arp(&mut self, frame: &[u8]) {
+        let Some(pkt) = frame.get(14..).and_then(|p| ArpPacket::new_checked(p).ok()) else {
+            return;
+        };
+        let Ok(arp) = ArpRepr::parse(&pkt) else { return };
+        if arp.operation != ArpOperation::Request || arp.target_protocol_addr != self.addr.0 {
+            return;
+        }
+        let mut out = [0u8; ARP_FRAME_LEN];
+        let eth = EthernetRepr {
+            src_addr: self.addr.1,
+            dst_addr: arp.source_hardware_addr,
+            ethertype: EtherType::Arp,
+        };
+        eth.emit(&mut EthernetFrame::new_unchecked(&mut out[..]));
+        arp.reply(self.addr.1).emit(&mut ArpPacket::new_unchecked(&mut out[14..42]));
+        self.arp_replies += 1;
+        self.arp_out.push_back(out);
     }
 
     /// Adds rank `rank` of compiled communicator `comm` (index `comm_index`) on topology
@@ -341,6 +384,10 @@ impl HostNode {
 
 impl Node for HostNode {
     fn handle_frame(&mut self, now: Nanos, _port: usize, frame: &[u8]) {
+        if frame.get(12..14) == Some(&[0x08, 0x06]) {
+            self.handle_arp(frame);
+            return;
+        }
         let qpn = frame
             .get(DEST_QP_OFFSET..DEST_QP_OFFSET + 3)
             .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
@@ -375,6 +422,10 @@ impl Node for HostNode {
     }
 
     fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<(usize, usize)> {
+        if let Some(arp) = self.arp_out.pop_front() {
+            buf[..ARP_FRAME_LEN].copy_from_slice(&arp);
+            return Some((0, ARP_FRAME_LEN));
+        }
         let n = self.qps.len();
         for k in 0..n {
             let i = (self.next_tx + k) % n;
@@ -486,5 +537,46 @@ impl Node for SimNode {
     }
     fn progress(&self) -> u64 {
         self.node_ref().progress()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::plan::load_topology;
+    use super::*;
+
+    #[test]
+    fn hosts_answer_arp_for_their_address_only() {
+        let topo = load_topology("1-4").unwrap();
+        let mut host = HostNode::new(&topo, 1);
+        let switch_mac = EthernetAddress([2, 0, 10, 1, 1, 2]);
+        let request = |target: Ipv4Addr| {
+            let mut f = [0u8; ARP_FRAME_LEN];
+            let eth = EthernetRepr {
+                src_addr: switch_mac,
+                dst_addr: EthernetAddress::BROADCAST,
+                ethertype: EtherType::Arp,
+            };
+            eth.emit(&mut EthernetFrame::new_unchecked(&mut f[..]));
+            let arp = ArpRepr {
+                operation: ArpOperation::Request,
+                source_hardware_addr: switch_mac,
+                source_protocol_addr: Ipv4Addr::new(10, 1, 1, 2),
+                target_hardware_addr: EthernetAddress([0; 6]),
+                target_protocol_addr: target,
+            };
+            arp.emit(&mut ArpPacket::new_unchecked(&mut f[14..42]));
+            f
+        };
+        let mut buf = [0u8; 128];
+        host.handle_frame(0, 0, &request(Ipv4Addr::new(10, 1, 1, 99)));
+        assert_eq!(host.poll_transmit(0, &mut buf), None);
+        host.handle_frame(0, 0, &request(topo.hosts[1].addr.ip));
+        assert_eq!(host.poll_transmit(0, &mut buf), Some((0, ARP_FRAME_LEN)));
+        let reply = ArpRepr::parse(&ArpPacket::new_checked(&buf[14..42]).unwrap()).unwrap();
+        assert_eq!(reply.operation, ArpOperation::Reply);
+        assert_eq!(reply.source_hardware_addr, mac(host_mac(&topo, 1)));
+        assert_eq!(reply.target_hardware_addr, switch_mac);
+        assert!(check_emitted(&buf[..ARP_FRAME_LEN]).is_ok());
     }
 }

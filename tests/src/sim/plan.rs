@@ -19,7 +19,8 @@ pub fn topology_path(name: &str) -> PathBuf {
 }
 
 /// Loads and validates a shipped topology, or a generated one: `star-N` (one switch,
-/// N hosts) or `tree-K-M` (a root, K leaf switches, M hosts per leaf).
+/// N hosts) or `tree-K-M` (a root, K leaf switches, M hosts per leaf); a `-learn` suffix
+/// gives the hosts `mac: learn` (switches resolve them by ARP).
 pub fn load_topology(name: &str) -> Result<Topology, String> {
     if let Some(yaml) = generated_topology(name) {
         return Topology::parse(name, &yaml).map_err(|e| format!("generated topology {name}: {e}"));
@@ -30,8 +31,12 @@ pub fn load_topology(name: &str) -> Result<Topology, String> {
 /// YAML of a generated topology (see [`load_topology`]); `None` for other names.
 pub fn generated_topology(name: &str) -> Option<String> {
     use std::fmt::Write as _;
+    let (base, host_mac) = match name.strip_suffix("-learn") {
+        Some(b) => (b, "learn"),
+        None => (name, "auto"),
+    };
     let nums: Vec<usize> =
-        name.split('-').skip(1).map(|n| n.parse().ok()).collect::<Option<_>>()?;
+        base.split('-').skip(1).map(|n| n.parse().ok()).collect::<Option<_>>()?;
     let mut y = format!(
         "name: {name}\ncontroller:\n  address: 10.0.0.1:7000\ndefaults:\n  mtu: 1024\n  window: 64\n"
     );
@@ -51,12 +56,12 @@ pub fn generated_topology(name: &str) -> Option<String> {
         for h in 0..hosts {
             let _ = writeln!(
                 y,
-                "  - {{ name: l{l}h{h}, ip: 10.{}.{h}.10/24, mac: auto, attach: \"{sw}:h{h}\" }}",
+                "  - {{ name: l{l}h{h}, ip: 10.{}.{h}.10/24, mac: {host_mac}, attach: \"{sw}:h{h}\" }}",
                 l + 1
             );
         }
     };
-    match (name.split('-').next()?, nums.as_slice()) {
+    match (base.split('-').next()?, nums.as_slice()) {
         ("star", &[n]) if (1..=250).contains(&n) => {
             y.push_str("root: sw0\nswitches:\n");
             leaf(&mut y, 0, 0, "sw0", n, None);
@@ -188,7 +193,7 @@ mod tests {
     #[test]
     fn shipped_topologies_compile_for_all_hosts_and_subsets() {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        for name in ["1-2-4", "1-4", "3-level", "star-3", "tree-3-5"] {
+        for name in ["1-2-4", "1-4", "3-level", "star-3", "tree-3-5", "tree-2-2-learn"] {
             let topo = load_topology(name).unwrap();
             let all: Vec<usize> = (0..topo.hosts.len()).collect();
             let sub = random_hosts(&mut rng, &topo, 2);

@@ -97,6 +97,8 @@ pub struct Report {
     pub bytes: u64,
     /// Frames delivered to a host with no QP of that number.
     pub unknown_qp: u64,
+    /// ARP requests hosts answered.
+    pub host_arp_replies: u64,
     /// Corrupted frames handed to a receiver.
     pub corrupted_delivered: u64,
     /// Peak `memory_bytes` per switch (same order as `switches`).
@@ -196,7 +198,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
     }
     let mut host_nodes = Vec::new();
     for (h, jobs) in host_jobs.into_iter().enumerate() {
-        let mut node = HostNode::new(&topo.hosts[h].name);
+        let mut node = HostNode::new(&topo, h);
         for (ci, rank, jobs) in jobs {
             node.add_qp(&topo, h, ci, &comms[ci], rank, jobs);
         }
@@ -259,6 +261,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         collectives: runs.iter().map(|r| r.cases.len()).sum(),
         bytes: runs.iter().flat_map(|r| &r.cases).map(|c| c.count as u64 * 4).sum(),
         unknown_qp: 0,
+        host_arp_replies: 0,
         corrupted_delivered: fabric.corrupted_delivered(),
         peak_memory: Vec::new(),
         memory_bound: Vec::new(),
@@ -284,6 +287,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             }
             SimNode::Host(h) => {
                 report.unknown_qp += h.unknown_qp;
+                report.host_arp_replies += h.arp_replies;
                 for q in &h.qps {
                     report.host_errors.extend(q.error.iter().cloned());
                     report.hosts.push((h.name.clone(), q.comm, q.rank, q.engine.counters()));
