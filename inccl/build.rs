@@ -24,9 +24,9 @@ mod verbs {
         let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
         bindgen::Builder::default()
             .header("src/transport/verbs/shim.h")
-            .allowlist_function("ibv_(get_device_list|free_device_list|get_device_name|open_device|close_device|query_gid|alloc_pd|dealloc_pd|dereg_mr|create_cq|destroy_cq|create_qp|destroy_qp|modify_qp)")
+            .allowlist_function("ibv_(get_device_list|free_device_list|get_device_name|open_device|close_device|query_gid|alloc_pd|dealloc_pd|dereg_mr|create_cq|destroy_cq|create_comp_channel|destroy_comp_channel|get_cq_event|ack_cq_events|create_qp|destroy_qp|modify_qp)")
             .allowlist_function("inccl_shim_.*")
-            .allowlist_type("ibv_(qp_attr|qp_init_attr|port_attr|wc|send_wr|recv_wr|sge|gid|qp_attr_mask|qp_state|mtu|wc_status|wc_opcode|wc_flags|wr_opcode|send_flags|access_flags|qp_type|port_state)")
+            .allowlist_type("ibv_(comp_channel|qp_attr|qp_init_attr|port_attr|wc|send_wr|recv_wr|sge|gid|qp_attr_mask|qp_state|mtu|wc_status|wc_opcode|wc_flags|wr_opcode|send_flags|access_flags|qp_type|port_state)")
             .allowlist_var("IBV_.*")
             .derive_default(true)
             .layout_tests(false)

@@ -7,6 +7,8 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::ptr;
 
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
 use crate::error::{Error, Result};
 
 #[allow(
@@ -40,6 +42,7 @@ pub(crate) struct Completion {
 pub(crate) struct Verbs {
     device: String,
     ctx: *mut sys::ibv_context,
+    channel: *mut sys::ibv_comp_channel,
     pd: *mut sys::ibv_pd,
     cq: *mut sys::ibv_cq,
     qp: *mut sys::ibv_qp,
@@ -52,6 +55,10 @@ pub(crate) struct Verbs {
     qpn: u32,
     /// Completion buffer reused by every poll.
     wcs: Vec<sys::ibv_wc>,
+    /// CQ events taken from the channel and not yet acknowledged.
+    unacked_events: u32,
+    /// Completions found while arming the CQ, handed out by the next `poll`.
+    pending: Vec<Completion>,
 }
 
 impl std::fmt::Debug for Verbs {
@@ -118,6 +125,7 @@ impl Verbs {
         let mut v = Verbs {
             device: device.unwrap_or("?").to_string(),
             ctx: ptr::null_mut(),
+            channel: ptr::null_mut(),
             pd: ptr::null_mut(),
             cq: ptr::null_mut(),
             qp: ptr::null_mut(),
@@ -128,6 +136,8 @@ impl Verbs {
             active_mtu: 0,
             qpn: 0,
             wcs: vec![sys::ibv_wc::default(); MAX_POST],
+            unacked_events: 0,
+            pending: Vec::new(),
         };
         v.open_device(device)?;
         v.query_port()?;
@@ -145,9 +155,22 @@ impl Verbs {
         if v.mr.is_null() {
             return Err(os_err("ibv_reg_mr", &v.device));
         }
+        // Safety: valid context.
+        v.channel = unsafe { sys::ibv_create_comp_channel(v.ctx) };
+        if v.channel.is_null() {
+            return Err(os_err("ibv_create_comp_channel", &v.device));
+        }
+        // Safety: a channel just created; its fd stays open until the channel is destroyed.
+        let fd = unsafe { (*v.channel).fd };
+        let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(|e| {
+            Error::io(format!("fcntl on the completion channel of {}", v.device), e.into())
+        })?;
+        fcntl(fd, FcntlArg::F_SETFL(OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK)).map_err(
+            |e| Error::io(format!("fcntl on the completion channel of {}", v.device), e.into()),
+        )?;
         let cqe = i32::try_from(depth * 2).unwrap_or(i32::MAX);
-        // Safety: valid context; no completion channel, vector 0.
-        v.cq = unsafe { sys::ibv_create_cq(v.ctx, cqe, ptr::null_mut(), ptr::null_mut(), 0) };
+        // Safety: valid context and completion channel, vector 0.
+        v.cq = unsafe { sys::ibv_create_cq(v.ctx, cqe, ptr::null_mut(), v.channel, 0) };
         if v.cq.is_null() {
             return Err(os_err("ibv_create_cq", &v.device));
         }
@@ -436,9 +459,63 @@ impl Verbs {
         Ok(())
     }
 
+    /// Sleep until the CQ has a completion or `timeout` passes, without spinning:
+    /// arm the CQ, re-check it (a completion may have raced the arming), then wait on
+    /// the completion channel's fd. Returns true if woken by an event.
+    pub(crate) fn wait(&mut self, timeout: std::time::Duration) -> Result<bool> {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        // Safety: valid CQ created on our channel.
+        let rc = unsafe { sys::inccl_shim_req_notify_cq(self.cq, 0) };
+        if rc != 0 {
+            return Err(rc_err("ibv_req_notify_cq", &self.device, rc));
+        }
+        let mut probe = Vec::with_capacity(MAX_POST);
+        self.poll_into(&mut probe)?;
+        if !probe.is_empty() {
+            self.pending.extend(probe);
+            return Ok(true);
+        }
+        // Safety: the channel's fd is open while `self` lives.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw((*self.channel).fd) };
+        let ms = timeout.as_nanos().div_ceil(1_000_000).min(u128::from(u16::MAX)) as u16;
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(false),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(Error::io(
+                    format!("poll on the completion channel of {}", self.device),
+                    e.into(),
+                ))
+            }
+        }
+        let mut cq = ptr::null_mut();
+        let mut ctx = ptr::null_mut();
+        // Safety: valid channel; out-pointers live; non-blocking fd, so no hang.
+        let rc = unsafe { sys::ibv_get_cq_event(self.channel, &mut cq, &mut ctx) };
+        if rc == 0 {
+            self.unacked_events += 1;
+            // Acknowledging takes a lock in the library: do it in batches.
+            if self.unacked_events >= 64 {
+                // Safety: `cq` is ours and these events were taken from its channel.
+                unsafe { sys::ibv_ack_cq_events(self.cq, self.unacked_events) };
+                self.unacked_events = 0;
+            }
+        }
+        Ok(true)
+    }
+
     /// Poll up to [`MAX_POST`] completions into `out`; a failed completion is an error
     /// naming its status and request.
     pub(crate) fn poll(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        out.append(&mut self.pending);
+        if out.is_empty() {
+            self.poll_into(out)?;
+        }
+        Ok(())
+    }
+
+    fn poll_into(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         let wcs = &mut self.wcs;
         // Safety: valid CQ; `wcs` has room for `wcs.len()` entries.
         let n = unsafe { sys::inccl_shim_poll_cq(self.cq, wcs.len() as i32, wcs.as_mut_ptr()) };
@@ -475,7 +552,13 @@ impl Drop for Verbs {
                 sys::ibv_destroy_qp(self.qp);
             }
             if !self.cq.is_null() {
+                if self.unacked_events > 0 {
+                    sys::ibv_ack_cq_events(self.cq, self.unacked_events);
+                }
                 sys::ibv_destroy_cq(self.cq);
+            }
+            if !self.channel.is_null() {
+                sys::ibv_destroy_comp_channel(self.channel);
             }
             if !self.mr.is_null() {
                 sys::ibv_dereg_mr(self.mr);

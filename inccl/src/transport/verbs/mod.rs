@@ -3,7 +3,8 @@
 //! [`HostCollective`]. Control messages go as SEND_WITH_IMM, data chunks as SEND, each
 //! one packet (the communicator MTU must not exceed the port's active MTU).
 //! Receives are posted ahead (the engine's `recv_depth`) so the switch meets no RNR in
-//! steady state; sends are posted in chains with one signalled completion per chain.
+//! steady state; sends are posted in chains with one signalled completion per chain;
+//! an idle wait sleeps on the CQ's completion channel instead of spinning.
 //!
 //! Device: `INCCL_IB_DEVICE` (default: the first device), `INCCL_IB_PORT` (default 1).
 
@@ -197,7 +198,7 @@ impl Transport for VerbsTransport {
         }
         let mut comps = Vec::with_capacity(BATCH);
         let mut last_progress = Instant::now();
-        let mut idle_spins = 0u32;
+        let mut idle_polls = 0u32;
         loop {
             self.post_ready(&bufs)?;
             if let Some(done) = self.coll.as_mut().expect("connected").poll_completion() {
@@ -205,7 +206,7 @@ impl Transport for VerbsTransport {
             }
             if self.reap(&mut bufs, &mut comps)? > 0 {
                 last_progress = Instant::now();
-                idle_spins = 0;
+                idle_polls = 0;
                 continue;
             }
             if last_progress.elapsed() >= self.op_timeout {
@@ -216,12 +217,11 @@ impl Transport for VerbsTransport {
                     spec.kind, spec.count, self.op_timeout
                 )));
             }
-            // Poll briefly for latency, then back off so an idle wait does not burn a core.
-            idle_spins += 1;
-            if idle_spins > 64 {
-                std::thread::sleep(Duration::from_micros(50));
-            } else {
-                std::hint::spin_loop();
+            // Poll a little for latency, then sleep on the completion channel.
+            idle_polls += 1;
+            if idle_polls > 16 {
+                let left = self.op_timeout.saturating_sub(last_progress.elapsed());
+                self.ib.wait(left.min(Duration::from_millis(100)))?;
             }
         }
     }
