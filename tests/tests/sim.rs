@@ -425,6 +425,29 @@ fn large_vectors() {
     summary("large_vectors", "1-2-4", &reports);
 }
 
+/// Random multi-MiB collectives (1 to 6 MiB per rank, any kind, operator and type),
+/// back to back with small ones, on 1-2-4 or 3-level, 0-2% loss.
+#[test]
+fn large_random_collectives() {
+    let reports = run_seeds("large_random_collectives", 3, |seed| {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let topology = if seed % 2 == 0 { "1-2-4" } else { "3-level" };
+        let faults = lossy(seed, 0.02);
+        let shape = Shape { jobs: 2..=3, faults, ..Shape::default() };
+        let mut s = random_scenario(seed, topology, &shape)?;
+        let big = &mut s.comms[0].jobs[0];
+        big.count = rng.gen_range((1 << 18)..=6 * (1 << 18));
+        if big.kind == Kind::Barrier {
+            big.kind = Kind::AllReduce;
+        }
+        s.limits.stall = 120 * inc_tests::sim::SECONDS;
+        let r = run(&s)?;
+        check_counters(&s, &r).map_err(|e| format!("{e}\n{}", r.state))?;
+        Ok(r)
+    });
+    summary("large_random_collectives", "1-2-4 and 3-level", &reports);
+}
+
 #[test]
 fn back_to_back_mixed_kinds_with_long_sequences() {
     suite("back_to_back_mixed_kinds_with_long_sequences", 20, "1-2-4", |seed| Shape {
