@@ -260,6 +260,10 @@ fn idle_rank_keeps_its_connection_between_collectives() {
             // "Computing": the library gets no calls, yet the switch still talks to
             // this rank (late progress and ACK requests) and must get answers.
             std::thread::sleep(Duration::from_secs(3));
+            // ... and the progress threads that answer do not spin meanwhile.
+            let ticks = progress_thread_cpu_ticks();
+            assert!(ticks.len() >= 4, "one progress thread per rank: {ticks:?}");
+            assert!(ticks.iter().all(|t| *t < 30), "progress threads used CPU ticks {ticks:?}");
         }
         let mut d = vec![0; 20_000];
         comm.allreduce(&src, &mut d, ReduceOp::Sum).unwrap();
@@ -267,4 +271,20 @@ fn idle_rank_keeps_its_connection_between_collectives() {
         comm.destroy().unwrap();
         group.destroy().unwrap();
     });
+}
+
+/// User+system CPU time (clock ticks) of each INCCL progress thread of this process.
+fn progress_thread_cpu_ticks() -> Vec<u64> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("inccl-progress") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap();
+        // Fields after "(comm)": state is field 3, utime 14, stime 15.
+        let rest: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        out.push(rest[11].parse::<u64>().unwrap() + rest[12].parse::<u64>().unwrap());
+    }
+    out
 }
