@@ -131,6 +131,8 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
         qpn += 1;
         let sw_qpn = qpn;
         let host_qpn = 0x11 + r as u32;
+        // Odd ranks are userspace hosts on their own UDP port, even ranks use 4791.
+        let host_port = if r % 2 == 1 { 20_000 + r as u16 } else { 4791 };
         let (sw_psn, host_psn) = ((0xFF_FF00 + r as u32 * 7) & 0xFF_FFFF, 0xFF_FFF0 - r as u32);
         rules[s].connections.push(ConnectionRule {
             port: format!("p{p}"),
@@ -143,7 +145,7 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
             peer_ip: host_ip(rank),
             peer_mac: if r % 2 == 0 { Some(Mac::from_ipv4(host_ip(rank))) } else { None },
             peer_qpn: host_qpn,
-            peer_udp_port: 4791,
+            peer_udp_port: host_port,
             peer_start_psn: host_psn,
             ranks: vec![rank],
         });
@@ -154,7 +156,7 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
             local_mac: mac_of(host_ip(rank)),
             local_ip: host_ip(rank),
             local_qpn: host_qpn,
-            local_udp_port: 4791,
+            local_udp_port: host_port,
             local_start_psn: host_psn,
             switch_mac: mac_of(port_ip(s, p)),
             switch_ip: port_ip(s, p),
