@@ -62,7 +62,8 @@ enum Cmd {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BackendKind {
-    /// AF_PACKET with TPACKET_V3 receive rings and sendmmsg transmit.
+    /// AF_PACKET with TPACKET_V3 (or V2) receive rings and sendmmsg transmit.
+    #[value(name = "af_packet", alias = "af-packet")]
     AfPacket,
     /// In-process queues (no interfaces; for tests of the control path).
     Memory,
@@ -89,7 +90,7 @@ struct RunArgs {
     #[arg(long, env = "INC_TOKEN")]
     token: Option<String>,
     /// Packet I/O backend.
-    #[arg(long, value_enum, default_value = "af-packet")]
+    #[arg(long, value_enum, default_value = "af_packet")]
     backend: BackendKind,
     /// A logical switch to run: ID[:NAME][@NETNS], or NAME[@NETNS] with --topology
     /// (repeatable: one process can run every switch of a topology). @NETNS is where the
@@ -113,7 +114,7 @@ struct RunArgs {
     /// AF_PACKET receive block size in bytes (v3).
     #[arg(long, default_value_t = 16384)]
     rx_block_size: u32,
-    /// AF_PACKET receive blocks (v3) or frame slots (v2) per port.
+    /// AF_PACKET receive blocks per port (v3); v2 uses four times as many frame slots.
     #[arg(long, default_value_t = 128)]
     rx_blocks: u32,
     /// AF_PACKET block retire timeout (ms): the longest a lone frame waits in the ring.

@@ -49,7 +49,8 @@ pub struct AfPacketConfig {
     /// V3: receive block size in bytes (multiple of the page size); frames larger than
     /// a block are dropped and counted. V2: ignored (slots fit the interface MTU).
     pub block_size: u32,
-    /// V3: receive blocks per port. V2: frame slots per port.
+    /// V3: receive blocks per port. V2: a quarter of the frame slots per port (frames
+    /// arrive one per slot, so V2 needs more of them for the same burst).
     pub block_count: u32,
     /// Block retire timeout in milliseconds (>= 1).
     pub block_timeout_ms: u32,
@@ -185,9 +186,9 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
             let slot = need.div_ceil(4096) * 4096;
             let req = libc::tpacket_req3 {
                 tp_block_size: slot as u32,
-                tp_block_nr: cfg.block_count,
+                tp_block_nr: cfg.block_count * 4,
                 tp_frame_size: slot as u32,
-                tp_frame_nr: cfg.block_count,
+                tp_frame_nr: cfg.block_count * 4,
                 tp_retire_blk_tov: 0,
                 tp_sizeof_priv: 0,
                 tp_feature_req_word: 0,
