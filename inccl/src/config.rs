@@ -201,7 +201,7 @@ impl CommConfig {
 
     /// Apply the `INCCL_*` environment variables over the current values.
     pub fn apply_env(&mut self) -> Result<()> {
-        if let Some(t) = env_parse::<TransportKind>("INCCL_TRANSPORT")? {
+        if let Some(t) = transport_override()? {
             self.transport = t;
         }
         if let Some(m) = env_parse::<u16>("INCCL_MTU")? {
@@ -215,6 +215,11 @@ impl CommConfig {
         }
         Ok(())
     }
+}
+
+/// `INCCL_TRANSPORT`, which overrides the transport chosen in code.
+pub(crate) fn transport_override() -> Result<Option<TransportKind>> {
+    env_parse::<TransportKind>("INCCL_TRANSPORT")
 }
 
 fn env_str(name: &str) -> Option<String> {

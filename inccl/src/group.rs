@@ -86,9 +86,13 @@ impl Group {
         &self.shared.data_plane
     }
 
-    /// Create a communicator (collective: every rank, same order). `cfg.transport`
-    /// and the other fields are as given; use [`CommConfig::from_env`] for env overrides.
-    pub fn communicator(&self, cfg: CommConfig) -> Result<Communicator> {
+    /// Create a communicator (collective: every rank, same order). `INCCL_TRANSPORT`,
+    /// if set, overrides `cfg.transport`; the other fields are as given (use
+    /// [`CommConfig::from_env`] for the other environment overrides).
+    pub fn communicator(&self, mut cfg: CommConfig) -> Result<Communicator> {
+        if let Some(t) = crate::config::transport_override()? {
+            cfg.transport = t;
+        }
         let sh = &self.shared;
         let tag = sh.next_tag.fetch_add(1, Ordering::Relaxed);
         let mut transport = transport::open(&cfg, &sh.data_plane, sh.rank)?;
