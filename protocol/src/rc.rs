@@ -371,11 +371,11 @@ impl RcConnection {
         }
         match aeth {
             Some(aeth) => self.on_ack(now, bth.psn, aeth),
-            None => self.on_request(now, bth.psn, bth.ack_req),
+            None => self.on_request(bth.psn, bth.ack_req),
         }
     }
 
-    fn on_request(&mut self, now: Time, psn: Psn, ack_req: bool) -> Inbound {
+    fn on_request(&mut self, psn: Psn, ack_req: bool) -> Inbound {
         let d = psn.distance(self.epsn);
         let win = self.cfg.timers.psn_window as i32;
         if d == 0 {
@@ -400,7 +400,6 @@ impl RcConnection {
                 self.pending = Some(Response::SeqNak);
             }
         }
-        let _ = now;
         Inbound::Handled
     }
 

@@ -239,12 +239,7 @@ impl std::ops::Not for Mask {
 }
 
 impl Comm {
-    pub(crate) fn new(
-        rules: &SwitchRules,
-        ports: &[usize],
-        cfg: &SwitchEngineConfig,
-        _now: Time,
-    ) -> Comm {
+    pub(crate) fn new(rules: &SwitchRules, ports: &[usize], cfg: &SwitchEngineConfig) -> Comm {
         let mtu = usize::from(rules.mtu);
         let window = rules.window as usize;
         let children: Vec<usize> = rules.children().collect();
@@ -458,7 +453,7 @@ impl Comm {
         if r.ext.aeth.is_some() {
             self.acked_results(idx);
             // Send-queue room may have opened.
-            self.try_emit(events);
+            self.try_emit();
             self.flush_all_progress();
         }
     }
@@ -824,7 +819,7 @@ impl Comm {
             self.meta[s].state = SlotState::Complete;
             self.emit.push_back(s);
         }
-        self.try_emit(events);
+        self.try_emit();
         self.flush_all_progress();
         self.maybe_retire(seq);
     }
@@ -864,7 +859,7 @@ impl Comm {
         if Some(idx) == self.parent {
             self.on_parent_data(idx, ci, payload)
         } else {
-            self.on_child_data(idx, ci, e, payload, events)
+            self.on_child_data(idx, ci, e, payload)
         }
     }
 
@@ -878,14 +873,7 @@ impl Comm {
         }
     }
 
-    fn on_child_data(
-        &mut self,
-        idx: usize,
-        ci: usize,
-        e: Expect,
-        payload: &[u8],
-        events: &mut VecDeque<SwitchEvent>,
-    ) -> Disposition {
+    fn on_child_data(&mut self, idx: usize, ci: usize, e: Expect, payload: &[u8]) -> Disposition {
         let ord = self.conns[idx].ord.expect("child");
         let pos = e.start_pos.wrapping_add(e.next);
         let s = (pos % self.slots as u64) as usize;
@@ -941,7 +929,7 @@ impl Comm {
             } else if self.meta[s].arrived == coll.roles.contributors {
                 self.meta[s].state = SlotState::Complete;
                 self.emit.push_back(s);
-                self.try_emit(events);
+                self.try_emit();
             }
         }
         Disposition::Accept
@@ -1037,8 +1025,7 @@ impl Comm {
     }
 
     /// Sends completed chunks on, in completion order, while the send queues have room.
-    fn try_emit(&mut self, events: &mut VecDeque<SwitchEvent>) {
-        let _ = events;
+    fn try_emit(&mut self) {
         while let Some(&s) = self.emit.front() {
             let m = self.meta[s];
             let Some(ci) = self.coll_index(m.seq).filter(|&ci| !self.colls[ci].failed) else {

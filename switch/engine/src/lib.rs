@@ -286,7 +286,7 @@ impl SwitchEngine {
     }
 
     /// Installs the rules of one communicator.
-    pub fn install(&mut self, rules: &SwitchRules, now: Time) -> Result<(), EngineError> {
+    pub fn install(&mut self, rules: &SwitchRules, _now: Time) -> Result<(), EngineError> {
         let comm_id = rules.comm_id;
         let invalid = |reason: String| EngineError::InvalidRules { comm_id, reason };
         if rules.switch_id != self.cfg.switch_id {
@@ -350,7 +350,7 @@ impl SwitchEngine {
             }
             ports.push(port);
         }
-        let comm = Comm::new(rules, &ports, &self.cfg, now);
+        let comm = Comm::new(rules, &ports, &self.cfg);
         for (i, c) in rules.connections.iter().enumerate() {
             self.qpns.insert(c.local_qpn, (comm_id, i));
         }

@@ -987,3 +987,61 @@ fn reduce_completion_is_end_to_end() {
         assert!(matches!(net.host(r).result, Some(Err(_))), "rank {r}: {:?}", net.host(r).result);
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// A peer on a valid RC connection sending arbitrary messages (valid PSNs, random
+    /// immediates, control headers with random fields, random payload sizes): the
+    /// switch never panics and keeps answering.
+    #[test]
+    fn arbitrary_messages_on_a_valid_connection_never_panic(
+        msgs in proptest::collection::vec(
+            (proptest::prelude::any::<Option<u32>>(), 0u8..4, proptest::prelude::any::<[u64; 3]>(), 0usize..300),
+            1..40,
+        ),
+    ) {
+        let t = TreeSpec { parents: vec![None], hosts: vec![0, 0], mtu: 256, window: 4 };
+        let mut net = build(&t, SwitchEngineConfig::default(), 0.0, 1);
+        // Host 0's side of its connection, as rules and endpoint say.
+        let Node::Host(h) = &net.nodes[1] else { unreachable!() };
+        let c = h.engine.config().clone();
+        let Node::Switch(sw) = &mut net.nodes[0] else { unreachable!() };
+        let addr = inc_protocol::RcAddressing {
+            local_mac: c.local_mac,
+            local_ip: c.local_ip,
+            local_udp_port: c.local_udp_port,
+            local_qpn: c.local_qpn,
+            peer_mac: Some(c.switch_mac),
+            peer_ip: c.switch_ip,
+            peer_udp_port: 4791,
+            peer_qpn: c.switch_qpn,
+        };
+        let mut psn = inc_wire::Psn::new(c.local_start_psn);
+        let mut frame = vec![0u8; 2048];
+        let mut out = vec![0u8; 2048];
+        let op = inc_protocol::coll::CollOp { primitive: inc_wire::Primitive::AllReduce, operator: Operator::Sum, datatype: DataType::Int32, root: 0xFFFF };
+        for (i, (imm, kind, f, len)) in msgs.into_iter().enumerate() {
+            let mut payload = vec![0x5Au8; len];
+            let imm = match (imm, kind) {
+                (Some(x), 0) => Some(x),
+                (_, 1) => {
+                    let m = inc_protocol::coll::CtrlMsg::Start { seq: (f[0] % 3) as u32, count: f[1] % 1000, start_pos: f[2] % 50, chunks: f[1] % 7, rank: 0 };
+                    payload = m.to_bytes().to_vec();
+                    Some(op.imm(m.kind()))
+                }
+                (_, 2) => {
+                    let m = inc_protocol::coll::CtrlMsg::Progress { seq: (f[0] % 3) as u32, completed: f[1] };
+                    payload = m.to_bytes().to_vec();
+                    Some(op.imm(m.kind()))
+                }
+                _ => None,
+            };
+            let n = addr.emit_send(&mut frame, psn, imm, &payload).unwrap();
+            psn = psn.next();
+            let now = Time::from_nanos(i as u64 * 1000);
+            sw.handle_frame(now, 0, &frame[..n]);
+            sw.handle_timeout(now);
+            while sw.poll_transmit(now, &mut out).is_some() {}
+        }
+    }
+}
