@@ -13,6 +13,7 @@ use inc_tests::sim::scenario::{
     Scenario, Shape,
 };
 use inc_tests::sim::{FaultConfig, LinkConfig, RunLimits, MICROS};
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -377,6 +378,32 @@ fn hosts_with_learned_macs() {
         think_time: 100 * MICROS,
         ..Shape::default()
     });
+}
+
+/// Communicators are created and destroyed while others run: communicator 0 (all hosts)
+/// and 1 (a subset) run together; when 0 is done it is destroyed (rules removed from the
+/// switches, QPNs and slot pools released) and 2 is compiled into what 0 released, then 3
+/// after 2. Stale frames of destroyed communicators must be dropped, never misapplied.
+#[test]
+fn communicators_come_and_go() {
+    let reports = run_seeds("communicators_come_and_go", 30, |seed| {
+        let topology = if seed % 2 == 0 { "1-2-4" } else { "3-level" };
+        let faults = if seed % 3 == 0 { FaultConfig::NONE } else { lossy(seed, 0.05) };
+        let shape = Shape { second_comm: true, faults, ..Shape::default() };
+        let mut s = random_scenario(seed, topology, &shape)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for after in [0, 2] {
+            let mut c = s.comms[0].clone();
+            c.hosts.shuffle(&mut rng);
+            c.jobs.rotate_left(1);
+            c.after = Some(after);
+            s.comms.push(c);
+        }
+        let r = run(&s)?;
+        check_counters(&s, &r).map_err(|e| format!("{e}\n{}", r.state))?;
+        Ok(r)
+    });
+    summary("communicators_come_and_go", "1-2-4 and 3-level", &reports);
 }
 
 /// A scenario with one collective of `count` elements on all hosts of `topology`.

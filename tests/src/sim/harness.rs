@@ -222,13 +222,18 @@ pub struct HostQp {
     pub error: Option<String>,
     /// When the next collective starts (its [`Job::delay`] is running).
     pub start_at: Option<Nanos>,
+    /// The communicator exists: its rules are installed and its collectives may start.
+    pub active: bool,
+    /// The communicator was destroyed: the engine is no longer driven (its QP is gone,
+    /// frames for it are dropped as for an unknown QP).
+    pub destroyed: bool,
 }
 
 impl HostQp {
     /// Starts the next collective(s) and collects completions until the engine is busy.
     fn service(&mut self, now: Nanos) {
         loop {
-            if self.error.is_some() {
+            if self.error.is_some() || !self.active {
                 return;
             }
             if let Some((job, started)) = &mut self.current {
@@ -295,6 +300,8 @@ pub struct HostNode {
     next_tx: usize,
     /// Frames whose destination QP matched no QP here.
     pub unknown_qp: u64,
+    /// Frames for a QP of a destroyed communicator (dropped).
+    pub stale: u64,
     /// The host's IP and MAC, for answering ARP as its kernel would.
     addr: (Ipv4Addr, EthernetAddress),
     /// ARP replies to send.
@@ -314,6 +321,7 @@ impl HostNode {
             qps: Vec::new(),
             next_tx: 0,
             unknown_qp: 0,
+            stale: 0,
             addr: (topo.hosts[host].addr.ip, mac(host_mac(topo, host))),
             arp_out: VecDeque::new(),
             arp_replies: 0,
@@ -366,19 +374,29 @@ impl HostNode {
             outcomes: Vec::new(),
             error: None,
             start_at: None,
+            active: false,
+            destroyed: false,
         });
     }
 
-    /// Starts the first collective of every QP.
-    pub fn start(&mut self, now: Nanos) {
-        for qp in &mut self.qps {
+    /// Activates the QPs of communicator `comm` and starts their first collective.
+    pub fn start(&mut self, now: Nanos, comm: usize) {
+        for qp in self.qps.iter_mut().filter(|q| q.comm == comm) {
+            qp.active = true;
             qp.service(now);
         }
     }
 
-    /// True when every QP finished.
-    pub fn finished(&self) -> bool {
-        self.qps.iter().all(HostQp::finished)
+    /// Destroys the QPs of communicator `comm` (after it finished).
+    pub fn destroy(&mut self, comm: usize) {
+        for qp in self.qps.iter_mut().filter(|q| q.comm == comm) {
+            qp.destroyed = true;
+        }
+    }
+
+    /// True when every QP of communicator `comm` here finished.
+    pub fn finished(&self, comm: usize) -> bool {
+        self.qps.iter().filter(|q| q.comm == comm).all(HostQp::finished)
     }
 }
 
@@ -393,11 +411,19 @@ impl Node for HostNode {
             .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
         // A frame for no QP here (e.g. a corrupted QPN) goes to the first QP, whose
         // engine must reject and count it like a NIC would.
+        let live = |q: &HostQp| !q.destroyed;
         let i = match self.qps.iter().position(|q| Some(q.qpn) == qpn) {
-            Some(i) => i,
+            Some(i) if live(&self.qps[i]) => i,
+            Some(_) => {
+                self.stale += 1;
+                return;
+            }
             None => {
                 self.unknown_qp += 1;
-                0
+                match self.qps.iter().position(live) {
+                    Some(i) => i,
+                    None => return,
+                }
             }
         };
         let Some(qp) = self.qps.get_mut(i) else { return };
@@ -410,7 +436,7 @@ impl Node for HostNode {
     }
 
     fn handle_timeout(&mut self, now: Nanos) {
-        for qp in &mut self.qps {
+        for qp in self.qps.iter_mut().filter(|q| !q.destroyed) {
             if qp.engine.poll_timeout().is_some_and(|t| t.as_nanos() <= now) {
                 qp.engine.handle_timeout(time(now));
                 qp.service(now);
@@ -430,6 +456,9 @@ impl Node for HostNode {
         for k in 0..n {
             let i = (self.next_tx + k) % n;
             let qp = &mut self.qps[i];
+            if qp.destroyed {
+                continue;
+            }
             let rank = qp.rank;
             let sent = match &mut qp.current {
                 Some((job, _)) => qp.engine.poll_transmit(time(now), buf, &job.bufs(rank)),
@@ -444,7 +473,8 @@ impl Node for HostNode {
     }
 
     fn poll_timeout(&self) -> Option<Nanos> {
-        let engines = self.qps.iter().filter_map(|q| q.engine.poll_timeout()).map(Time::as_nanos);
+        let live = self.qps.iter().filter(|q| !q.destroyed);
+        let engines = live.filter_map(|q| q.engine.poll_timeout()).map(Time::as_nanos);
         engines.chain(self.qps.iter().filter_map(|q| q.start_at)).min()
     }
 

@@ -101,6 +101,9 @@ pub struct CommPlan {
     pub mtu: Option<u16>,
     /// Window override.
     pub window: Option<u32>,
+    /// Created only after communicator `after` (an index into the plans) was destroyed:
+    /// its resources are released before this one is compiled.
+    pub after: Option<usize>,
 }
 
 /// A compiled communicator: what each rank registered and what the controller produced.
@@ -142,6 +145,9 @@ pub fn compile_comms(
     let mut used_qpns: HashSet<(usize, u32)> = HashSet::new();
     let mut out = Vec::new();
     for plan in plans {
+        if let Some(j) = plan.after {
+            alloc.release(plans[j].comm_id);
+        }
         let ranks: Vec<RankEndpoint> = plan
             .hosts
             .iter()
@@ -198,13 +204,29 @@ mod tests {
             let all: Vec<usize> = (0..topo.hosts.len()).collect();
             let sub = random_hosts(&mut rng, &topo, 2);
             let plans = [
-                CommPlan { comm_id: 1, hosts: all.clone(), mtu: None, window: None },
-                CommPlan { comm_id: 2, hosts: sub.clone(), mtu: Some(256), window: Some(8) },
+                CommPlan { comm_id: 1, hosts: all.clone(), mtu: None, window: None, after: None },
+                CommPlan {
+                    comm_id: 2,
+                    hosts: sub.clone(),
+                    mtu: Some(256),
+                    window: Some(8),
+                    after: None,
+                },
+                CommPlan {
+                    comm_id: 3,
+                    hosts: sub.clone(),
+                    mtu: None,
+                    window: None,
+                    after: Some(0),
+                },
             ];
             let comms = compile_comms(&mut rng, &topo, &plans).unwrap();
             assert_eq!(comms[0].compiled.endpoints.len(), all.len());
             assert_eq!(comms[1].compiled.endpoints.len(), sub.len());
             assert!(comms[1].compiled.rules.iter().all(|r| r.mtu == 256 && r.window == 8));
+            // Communicator 3 reuses what communicator 1 released (slot pools first).
+            let base = |c: &CompiledComm| c.compiled.rules.iter().map(|r| r.slot_base).min();
+            assert_eq!(base(&comms[2]), base(&comms[0]));
         }
     }
 }

@@ -32,6 +32,9 @@ pub struct CommWorkload {
     pub window: Option<u32>,
     /// The collectives, in order.
     pub jobs: Vec<CollectiveCase>,
+    /// Created only once communicator `after` (an index into `Scenario::comms`) finished
+    /// and was destroyed (rules removed from the switches, resources released).
+    pub after: Option<usize>,
 }
 
 /// Everything that defines a run.
@@ -134,15 +137,21 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             hosts: c.hosts.clone(),
             mtu: c.mtu,
             window: c.window,
+            after: c.after,
         })
         .collect();
+    for (i, c) in s.comms.iter().enumerate() {
+        if c.after.is_some_and(|j| j >= i) {
+            return Err(format!("communicator {i} waits for a later communicator"));
+        }
+    }
     let comms = compile_comms(&mut rng, &topo, &plans)?;
 
     let mut fabric: Fabric<SimNode> = Fabric::new(rng.gen());
     let switch_nodes: Vec<usize> = (0..topo.switches.len())
         .map(|i| {
             let mut node = SwitchNode::new(&topo, i, s.deterministic_float);
-            for c in &comms {
+            for c in comms.iter().filter(|c| c.plan.after.is_none()) {
                 for r in c.compiled.rules.iter().filter(|r| r.switch_id == topo.switches[i].id) {
                     node.engine.install(r, inc_protocol::Time::ZERO).map_err(|e| {
                         format!("switch {}: installing comm {}: {e}", node.name, r.comm_id)
@@ -234,20 +243,66 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         let l = link_rng.gen_range(0..fabric.link_count());
         fabric.set_faults(l, f);
     }
-    for n in fabric.nodes_mut() {
-        if let SimNode::Host(h) = n {
-            h.start(0);
+    // Communicators live in phases: run those that exist until they all finish, then
+    // destroy them and create those waiting for them.
+    let mut live: Vec<usize> =
+        (0..comms.len()).filter(|&c| comms[c].plan.after.is_none()).collect();
+    let mut pending: Vec<usize> =
+        (0..comms.len()).filter(|&c| comms[c].plan.after.is_some()).collect();
+    loop {
+        let now = fabric.now();
+        for n in fabric.nodes_mut() {
+            if let SimNode::Host(h) = n {
+                for &c in &live {
+                    h.start(now, c);
+                }
+            }
         }
-    }
-
-    let result = fabric.run_until(&s.limits, |nodes| {
-        nodes.iter().all(|n| match n {
-            SimNode::Host(h) => h.finished(),
-            SimNode::Switch(_) => true,
-        })
-    });
-    if let Err(e) = result {
-        return Err(format!("{e}\n{}", dump(&fabric, &runs)));
+        let result = fabric.run_until(&s.limits, |nodes| {
+            nodes.iter().all(|n| match n {
+                SimNode::Host(h) => live.iter().all(|&c| h.finished(c)),
+                SimNode::Switch(_) => true,
+            })
+        });
+        if let Err(e) = result {
+            return Err(format!("{e}\n{}", dump(&fabric, &runs)));
+        }
+        let next: Vec<usize> = pending
+            .iter()
+            .copied()
+            .filter(|&c| comms[c].plan.after.is_some_and(|j| live.contains(&j)))
+            .collect();
+        if next.is_empty() {
+            break;
+        }
+        let now = inc_protocol::Time::from_nanos(fabric.now());
+        for n in fabric.nodes_mut() {
+            if let SimNode::Host(h) = n {
+                for &c in &next {
+                    h.destroy(comms[c].plan.after.expect("waits"));
+                }
+            }
+            let SimNode::Switch(sw) = n else { continue };
+            let id = sw.engine.config().switch_id;
+            for &c in &next {
+                let j = comms[c].plan.after.expect("waits");
+                if comms[j].compiled.rules.iter().any(|r| r.switch_id == id) {
+                    sw.engine
+                        .remove(comms[j].compiled.comm_id)
+                        .map_err(|e| format!("switch {}: removing comm {j}: {e}", sw.name))?;
+                }
+            }
+            for &c in &next {
+                for r in comms[c].compiled.rules.iter().filter(|r| r.switch_id == id) {
+                    sw.engine
+                        .install(r, now)
+                        .map_err(|e| format!("switch {}: installing comm {c}: {e}", sw.name))?;
+                }
+            }
+        }
+        live.retain(|&c| !next.iter().any(|&n| comms[n].plan.after == Some(c)));
+        pending.retain(|c| !next.contains(c));
+        live.extend(next);
     }
     let failing = s.mismatch.as_ref().map(|m| (m.comm, s.comms[m.comm].jobs.len() - 1));
     verify(&fabric, &runs, failing).map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
@@ -349,6 +404,7 @@ pub fn host_retransmits(c: &HostCounters) -> u64 {
 ///   RNR NAKs and back-pressure, on every switch and host;
 /// - switch memory stayed below a bound derived from the rules alone.
 pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
+    let destroyed = s.comms.iter().any(|c| c.after.is_some());
     if let Some(e) = r.switch_events.first() {
         return Err(format!("switch event: {e}"));
     }
@@ -356,8 +412,11 @@ pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
     for (name, c) in &r.switches {
         let d = &c.drops;
         detected += d.bad_icrc + d.malformed;
+        // Frames still in flight when a communicator is destroyed arrive for a QPN that is
+        // gone or reused: dropped, and only then acceptable.
+        let stale = if destroyed { d.unknown_qpn + d.wrong_peer } else { 0 };
         let other = d.not_roce + d.unknown_qpn + d.wrong_peer + d.unsupported_opcode + d.bad_port;
-        if other > 0 {
+        if other > stale {
             return Err(format!("switch {name}: unexpected drops {d:?}"));
         }
         for cc in &c.comms {
@@ -712,7 +771,7 @@ pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scena
         };
         let n = rng.gen_range(shape.jobs.clone());
         let jobs = (0..n).map(|_| gen_collective(rng, hosts.len() as u16, &shape.case)).collect();
-        CommWorkload { hosts, mtu, window, jobs }
+        CommWorkload { hosts, mtu, window, jobs, after: None }
     };
     let all = random_hosts(&mut rng, &topo, topo.hosts.len());
     let mut comms = vec![comm(all, &mut rng)];
