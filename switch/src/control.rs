@@ -132,3 +132,113 @@ fn sleep_unless_shutdown(d: Duration, shutdown: &AtomicBool) {
         left -= s;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use inc_controller::{demo_ranks, Controller, ServiceConfig, Topology};
+    use inc_ctrl_proto::ControllerClient;
+    use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
+    use inc_switch_io::memory::MemoryBackend;
+    use inc_switch_io::Backend;
+    use inc_wire::EthernetAddress;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::event_loop::{EventLoop, LogicalSwitch};
+    use crate::spec;
+
+    fn stats(tx: &Sender<Command>, waker: &Waker) -> Value {
+        let (reply, rx) = crossbeam_channel::bounded(1);
+        tx.send(Command::Stats { reply }).unwrap();
+        waker.wake();
+        rx.recv_timeout(Duration::from_secs(5)).unwrap()
+    }
+
+    /// The real controller service and a switch over the memory backend: register, get
+    /// rules for a communicator pushed, acknowledge, and drop them on destroy.
+    #[test]
+    fn registers_installs_acknowledges_and_removes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../topologies/1-4.yaml");
+        let topo = Topology::load(path).unwrap();
+        let hosts: Vec<_> = topo.hosts.iter().map(|h| h.addr.ip).collect();
+        let ctrl = Controller::start(ServiceConfig::new(topo.clone()), "127.0.0.1:0").unwrap();
+        let addr = ctrl.local_addr().to_string();
+
+        let plans = spec::resolve(&["sw0".parse().unwrap()], &[], Some(&topo)).unwrap();
+        let plan = &plans[0];
+        let specs = plan.ports.iter().map(|p| p.iface.clone()).collect();
+        let (backend, _net) = MemoryBackend::new(specs, 64);
+        let ports: Vec<PortConfig> = plan
+            .ports
+            .iter()
+            .map(|p| PortConfig {
+                name: p.port.clone(),
+                ip: p.ip.unwrap(),
+                mac: EthernetAddress(p.mac.unwrap().0),
+            })
+            .collect();
+        let infos = plan
+            .ports
+            .iter()
+            .map(|p| PortInfo { name: p.port.clone(), ip: p.ip, mac: p.mac })
+            .collect();
+        let switch = LogicalSwitch {
+            id: plan.id,
+            name: plan.name.clone(),
+            engine: SwitchEngine::new(SwitchEngineConfig {
+                switch_id: plan.id,
+                ports,
+                ..SwitchEngineConfig::default()
+            }),
+            port_base: 0,
+            port_names: plan.ports.iter().map(|p| p.port.clone()).collect(),
+            communicators: BTreeSet::new(),
+        };
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let waker = backend.waker();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let el = EventLoop::new(backend, vec![switch], rx, None, shutdown.clone());
+        let loop_thread = std::thread::spawn(move || el.run().unwrap());
+        let cfg = SessionConfig {
+            controller: addr.clone(),
+            token: None,
+            switch: 0,
+            switch_id: plan.id,
+            name: plan.name.clone(),
+            ports: infos,
+        };
+        let session = spawn(cfg, tx.clone(), waker.clone(), shutdown.clone()).unwrap();
+
+        // Wait (bounded) until the controller sees the switch.
+        let t = Duration::from_secs(5);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !ctrl.status().switches.iter().any(|s| s.connected) {
+            assert!(std::time::Instant::now() < deadline, "switch never registered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        let mut client = ControllerClient::connect(addr.as_str(), t).unwrap();
+        let group = client.register_group(None, hosts.clone(), t).unwrap();
+        let (comm, endpoints) =
+            client.create_communicator(group, demo_ranks(&hosts), None, None, t).unwrap();
+        assert_eq!(endpoints.len(), 4);
+        let snap = stats(&tx, &waker);
+        assert_eq!(snap["switches"][0]["communicators"], serde_json::json!([comm]));
+
+        client.destroy_communicator(comm, t).unwrap();
+        // Removal may be acknowledged after the reply to the host: wait, bounded.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while stats(&tx, &waker)["switches"][0]["communicators"] != serde_json::json!([]) {
+            assert!(std::time::Instant::now() < deadline, "communicator never removed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        shutdown.store(true, Ordering::Relaxed);
+        waker.wake();
+        loop_thread.join().unwrap();
+        session.join().unwrap();
+        ctrl.stop();
+    }
+}
