@@ -310,8 +310,24 @@ impl Net {
     /// Runs until every host has a result or `limit` of simulated time passed.
     fn run(&mut self, limit: Duration) {
         let end = self.now + limit.as_nanos() as u64;
+        // An engine whose deadline stays in the past without producing anything would
+        // make a real driver spin; catch it here.
+        let mut idle_spins = 0u32;
+        let mut last = None;
         loop {
             self.flush();
+            let state = Some((self.now, self.seq, self.queue.len()));
+            if state == last {
+                idle_spins += 1;
+                assert!(
+                    idle_spins < 1000,
+                    "an engine keeps a past deadline at t={} ns without doing anything",
+                    self.now
+                );
+            } else {
+                idle_spins = 0;
+            }
+            last = state;
             let all_done = (0..self.ranks.len()).all(|r| {
                 let n = self.ranks[r];
                 matches!(&self.nodes[n], Node::Host(h) if h.result.is_some())
