@@ -640,6 +640,11 @@ fn dump(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> String {
         fabric.in_flight(),
         fabric.total_stats()
     );
+    for (ci, r) in runs.iter().enumerate() {
+        let list: Vec<String> =
+            r.cases.iter().enumerate().map(|(i, c)| format!("#{i} {}", c.describe())).collect();
+        let _ = writeln!(out, "  comm {ci}: {}", list.join("; "));
+    }
     for n in fabric.nodes() {
         match n {
             SimNode::Host(h) => {
