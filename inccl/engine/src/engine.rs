@@ -246,3 +246,51 @@ impl HostEngine {
         HostCounters { rc: *self.rc.counters(), collective: *self.coll.counters(), ..self.counters }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CollectiveKind, DataType, Operator};
+
+    /// A silent switch: the wait is bounded and the error names the stalled PSN.
+    #[test]
+    fn silent_switch_times_out_naming_the_psn() {
+        let cfg = HostQpConfig { local_start_psn: 0xFF_FFFE, ..HostQpConfig::default() };
+        let opts =
+            HostOptions { progress_timeout: Duration::from_millis(50), ..HostOptions::default() };
+        let mut h = HostEngine::with_options(cfg, opts);
+        let spec = CollectiveSpec {
+            kind: CollectiveKind::AllReduce,
+            op: Operator::Sum,
+            dtype: DataType::Int32,
+            count: 10,
+        };
+        let src = vec![1u8; 40];
+        let mut dst = vec![0u8; 40];
+        h.start(Time::ZERO, spec).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let mut now = Time::ZERO;
+        let mut sent = 0;
+        loop {
+            let bufs = OpBuffers::Separate { src: &src, dst: &mut dst };
+            while h.poll_transmit(now, &mut buf, &bufs).is_some() {
+                sent += 1;
+            }
+            now = h.poll_timeout().expect("a deadline while running");
+            h.handle_timeout(now);
+            if let Some(r) = h.poll_completion() {
+                match r {
+                    Err(HostError::Timeout { psn, seq: 0, .. }) => assert_eq!(psn, 0xFF_FFFE),
+                    other => panic!("{other:?}"),
+                }
+                break;
+            }
+        }
+        assert!(sent >= 2, "Start and data went out");
+        assert!(h.counters().rc.retransmits > 0);
+        assert!(
+            now >= Time::from_nanos(50_000_000) && now < Time::from_nanos(60_000_000),
+            "{now:?}"
+        );
+    }
+}
