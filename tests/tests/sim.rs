@@ -550,10 +550,12 @@ fn goodput_report() {
             .iter()
             .flat_map(|(_, c)| c.comms.iter().flat_map(|cc| cc.connections.iter().map(|c| c.rc)))
             .chain(r.hosts.iter().map(|h| h.3.rc));
-        let (requests, acks) = rc.fold((0, 0), |(q, a), rc| (q + rc.rx_requests, a + rc.tx_acks));
+        let (requests, acks, naks, timeouts) = rc.fold((0, 0, 0, 0), |(q, a, n, t), rc| {
+            (q + rc.rx_requests, a + rc.tx_acks, n + rc.tx_seq_naks, t + rc.timeouts)
+        });
         println!(
             "loss {:>4.1}%: 16 MiB allreduce on 1-2-4 (10 Gb/s links) in {:.3} ms simulated = {:.2} Gb/s goodput; \
-             frames {} dropped {} retransmitted {}; {acks} ACKs for {requests} requests; wall {:.2?}",
+             frames {} dropped {} retransmitted {}; {acks} ACKs for {requests} requests, {naks} NAKs, {timeouts} RTO expiries; wall {:.2?}",
             p * 100.0,
             r.sim_time as f64 / 1e6,
             bytes * 8.0 / r.sim_time as f64,
