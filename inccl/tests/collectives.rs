@@ -288,3 +288,19 @@ fn progress_thread_cpu_ticks() -> Vec<u64> {
     }
     out
 }
+
+#[test]
+fn rank_on_an_unknown_host_is_named() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    let errs = ranks(&fabric, |rank, mut cfg| {
+        if rank == 2 {
+            // An address the topology does not know.
+            cfg.local_ip = Some(std::net::Ipv4Addr::LOCALHOST);
+        }
+        Group::create(cfg).unwrap_err().to_string()
+    });
+    // Every rank learns which rank and address the controller refused.
+    for e in &errs {
+        assert!(e.contains("rank 2: host IP 127.0.0.1 is not a host"), "{e}");
+    }
+}
