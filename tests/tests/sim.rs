@@ -431,6 +431,36 @@ fn broadcast_to_a_slow_receiver_needs_no_rnr() {
     });
 }
 
+/// Everything at once: two communicators plus one created after the first is destroyed,
+/// per-communicator MTU and window, skewed ranks, unequal links, loss, duplication,
+/// reordering and corruption everywhere and one much worse link, deterministic float mode
+/// on half the seeds.
+#[test]
+fn everything_at_once() {
+    let reports = run_seeds("everything_at_once", 30, |seed| {
+        let topology = ["1-2-4", "3-level", "tree-3-3"][seed as usize % 3];
+        let shape = Shape {
+            second_comm: true,
+            vary_mtu_window: true,
+            think_time: 100 * MICROS,
+            heterogeneous: true,
+            hot_link: Some(FaultConfig { corrupt: 0.05, ..FaultConfig::uniform(0.15) }),
+            faults: FaultConfig { corrupt: 0.01, ..lossy(seed, 0.05) },
+            deterministic_float: seed % 2 == 0,
+            ..Shape::default()
+        };
+        let mut s = random_scenario(seed, topology, &shape)?;
+        let mut third = s.comms[0].clone();
+        third.hosts.shuffle(&mut ChaCha8Rng::seed_from_u64(seed));
+        third.after = Some(0);
+        s.comms.push(third);
+        let r = run(&s)?;
+        check_counters(&s, &r).map_err(|e| format!("{e}\n{}", r.state))?;
+        Ok(r)
+    });
+    summary("everything_at_once", "1-2-4, 3-level, tree-3-3", &reports);
+}
+
 /// A scenario with one collective of `count` elements on all hosts of `topology`.
 fn single(seed: u64, topology: &str, case: CollectiveCase, faults: FaultConfig) -> Scenario {
     let mut s = random_scenario(seed, topology, &Shape { jobs: 1..=1, faults, ..Shape::default() })
