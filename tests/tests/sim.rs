@@ -411,9 +411,9 @@ fn communicators_come_and_go() {
 /// Broadcast makes a leaf switch RNR-NAK its parent (`backpressure_rnr`), and the
 /// parent retransmits: the root host runs further ahead of the slowest receiver than the
 /// leaf's send queue (2W chunks) holds, although "a lossless run never hits" RNR.
-/// Smallest case: INC_SIM_SEED=2 (1-2-4): Broadcast of 35470 INT32 from rank 0 (h3 under
-/// leaf2); leaf1 RNR-NAKs the root switch once (`backpressure_rnr` 1) and the root
-/// retransmits 10 packets on the connection to leaf1.
+/// Smallest case: INC_SIM_SEED=2 (1-2-4): Broadcast of 35470 INT32 from rank 0 (h3, on a
+/// 100 Gb/s link to leaf2) to h0 and h1, both on 1 Gb/s links to leaf1; leaf1 RNR-NAKs the
+/// root switch once (`backpressure_rnr` 1) and the root retransmits 10 packets to leaf1.
 #[test]
 #[ignore = "protocol bug: back-pressure RNR on a lossless fabric with unequal link rates"]
 fn broadcast_to_a_slow_receiver_needs_no_rnr() {

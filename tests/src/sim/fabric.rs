@@ -341,6 +341,12 @@ impl<N: Node> Fabric<N> {
         self.links.len()
     }
 
+    /// The two ends of a link (`a`, `b` as connected) and its configuration.
+    pub fn link(&self, link: usize) -> (Endpoint, Endpoint, LinkConfig) {
+        let l = &self.links[link];
+        (l.dirs[1].to, l.dirs[0].to, l.config)
+    }
+
     /// Counters of one link: `[a→b, b→a]`.
     pub fn link_stats(&self, link: usize) -> [LinkStats; 2] {
         [self.links[link].dirs[0].stats, self.links[link].dirs[1].stats]

@@ -530,6 +530,14 @@ pub enum SimNode {
 }
 
 impl SimNode {
+    /// Topology name of the switch or host.
+    pub fn name(&self) -> &str {
+        match self {
+            SimNode::Switch(s) => &s.name,
+            SimNode::Host(h) => &h.name,
+        }
+    }
+
     fn node(&mut self) -> &mut dyn Node {
         match self {
             SimNode::Switch(s) => s.as_mut(),

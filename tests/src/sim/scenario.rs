@@ -640,6 +640,26 @@ fn dump(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> String {
         fabric.in_flight(),
         fabric.total_stats()
     );
+    for l in 0..fabric.link_count() {
+        let (a, b, c) = fabric.link(l);
+        let [ab, ba] = fabric.link_stats(l);
+        let _ = writeln!(
+            out,
+            "  link {}:{} <-> {}:{}: {} ns, {} Gb/s, drop/dup/reorder/corrupt {}/{}/{}/{}, frames {}/{}",
+            fabric.nodes()[a.node].name(),
+            a.port,
+            fabric.nodes()[b.node].name(),
+            b.port,
+            c.latency,
+            c.bandwidth_bps / 1_000_000_000,
+            c.faults.drop,
+            c.faults.duplicate,
+            c.faults.reorder,
+            c.faults.corrupt,
+            ab.frames_sent,
+            ba.frames_sent
+        );
+    }
     for (ci, r) in runs.iter().enumerate() {
         let list: Vec<String> =
             r.cases.iter().enumerate().map(|(i, c)| format!("#{i} {}", c.describe())).collect();
