@@ -102,6 +102,8 @@ pub struct Report {
     pub unknown_qp: u64,
     /// ARP requests hosts answered.
     pub host_arp_replies: u64,
+    /// Frames hosts dropped because they were for a QP of a destroyed communicator.
+    pub host_stale: u64,
     /// Corrupted frames handed to a receiver.
     pub corrupted_delivered: u64,
     /// Peak `memory_bytes` per switch (same order as `switches`).
@@ -317,6 +319,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         bytes: runs.iter().flat_map(|r| &r.cases).map(|c| c.count as u64 * 4).sum(),
         unknown_qp: 0,
         host_arp_replies: 0,
+        host_stale: 0,
         corrupted_delivered: fabric.corrupted_delivered(),
         peak_memory: Vec::new(),
         memory_bound: Vec::new(),
@@ -343,6 +346,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             SimNode::Host(h) => {
                 report.unknown_qp += h.unknown_qp;
                 report.host_arp_replies += h.arp_replies;
+                report.host_stale += h.stale;
                 for q in &h.qps {
                     report.host_errors.extend(q.error.iter().cloned());
                     report.hosts.push((h.name.clone(), q.comm, q.rank, q.engine.counters()));
@@ -443,13 +447,22 @@ pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
             return Err(format!("{}: unexpected frames in {c:?}", at()));
         }
     }
-    // A corrupted frame may also land on a QP other than its own (corrupted QPN).
+    // A corrupted frame may also land on a QP other than its own (corrupted QPN), or on
+    // the QP of a destroyed communicator, which drops it unexamined.
     let wrong_qp: u64 = r.hosts.iter().map(|h| h.3.rx_wrong_qp).sum();
-    if detected + wrong_qp < r.corrupted_delivered || detected > r.corrupted_delivered {
+    if detected + wrong_qp + r.host_stale < r.corrupted_delivered
+        || detected > r.corrupted_delivered
+    {
         return Err(format!(
-            "{} corrupted frames delivered, but receivers dropped {detected} as bad ICRC/malformed \
-             and {wrong_qp} as for another QP",
-            r.corrupted_delivered
+            "{} corrupted frames delivered, but receivers dropped {detected} as bad ICRC/malformed, \
+             {wrong_qp} as for another QP and {} as for a destroyed QP",
+            r.corrupted_delivered, r.host_stale
+        ));
+    }
+    if !destroyed && r.host_stale > 0 {
+        return Err(format!(
+            "{} frames for destroyed QPs without destroyed communicators",
+            r.host_stale
         ));
     }
     if r.corrupted_delivered == 0 && (wrong_qp > 0 || r.unknown_qp > 0) {
