@@ -65,7 +65,7 @@ pub struct AfPacketConfig {
 impl Default for AfPacketConfig {
     fn default() -> Self {
         AfPacketConfig {
-            ring: RxRing::V3,
+            ring: RxRing::V2,
             block_size: 16 * 1024,
             block_count: 128,
             block_timeout_ms: 1,

@@ -155,7 +155,7 @@ fn frames_larger_than_a_block_are_dropped_and_counted() {
     let pa: PortSpec = format!("{}/a0", ns.names[0]).parse().unwrap();
     let pb: PortSpec = format!("{}/b0", ns.names[1]).parse().unwrap();
     let mut a = AfPacketBackend::open(&[pa], AfPacketConfig::default()).unwrap();
-    let small = AfPacketConfig { block_size: 4096, ..AfPacketConfig::default() };
+    let small = AfPacketConfig { ring: RxRing::V3, block_size: 4096, ..AfPacketConfig::default() };
     let mut b = AfPacketBackend::open(&[pb], small).unwrap();
     let (mac_a, mac_b) = (a.ports()[0].mac, b.ports()[0].mac);
     for (seq, len) in [(1u32, 6000usize), (2, 1000)] {
@@ -208,9 +208,10 @@ fn missing_interface_and_namespace_are_named_in_errors() {
     assert!(e.to_string().contains("incio-no-such-ns"), "{e}");
 }
 
-/// utime + stime of this process in clock ticks.
+/// utime + stime of the calling thread in clock ticks (other tests run in parallel
+/// threads of the same process).
 fn cpu_ticks() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let s = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
     let rest = &s[s.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
