@@ -81,20 +81,20 @@ struct Roles {
     up_to_parent: bool,
     /// ... and as data to these children.
     up_data: Mask,
-    /// ... and counts as progress for these children.
-    up_progress: Mask,
     /// Data chunks expected from the parent.
     down_expected: u64,
     /// A chunk from the parent goes as data to these children.
     down_data: Mask,
-    /// Reduce: children told how many results were delivered towards the root rank.
+    /// Delivery is the minimum of what these children report (host: chunks it ACKed;
+    /// switch: its Progress up) ...
+    dl_children: Mask,
+    /// ... and of the parent's Progress (a Broadcast going up and down elsewhere).
+    dl_parent: bool,
+    /// Children told the delivered count (Reduce non-root branches, the Broadcast
+    /// root's branch).
     deliver_progress: Mask,
-    /// Reduce: delivery progress also goes to the parent (whose other children wait).
+    /// The delivered count also goes to the parent.
     progress_up: bool,
-    /// Reduce: the connection towards the root rank ...
-    kr: Option<usize>,
-    /// ... is the root host itself: its RC ACKs measure delivery.
-    track_acks: bool,
     /// Progress messages from the parent are forwarded to these children.
     fwd_progress: Mask,
 }
@@ -114,12 +114,14 @@ struct Coll {
     down_done: u64,
     prog_done: Vec<u64>,
     prog_sent: Vec<u64>,
-    /// Reduce: result chunks delivered towards the root rank (ACKed by the root host,
-    /// or reported by the child switch towards it).
+    /// Chunks delivered to every receiver beyond this switch (Reduce: the root rank;
+    /// Broadcast: all other ranks): the minimum over the delivery sources.
     delivered: u64,
     up_prog_sent: u64,
-    /// PSNs of result chunks sent to the root host and not yet ACKed.
-    result_psns: VecDeque<Psn>,
+    /// Per connection (rules index): chunks it reported delivered.
+    dcount: Vec<u64>,
+    /// Per connection: PSNs of data sent to a receiving host, not yet ACKed.
+    unacked_data: Vec<VecDeque<Psn>>,
 }
 
 impl Coll {
@@ -695,7 +697,8 @@ impl Comm {
             prog_sent: vec![0; self.children.len()],
             delivered: 0,
             up_prog_sent: 0,
-            result_psns: VecDeque::new(),
+            dcount: vec![0; self.conns.len()],
+            unacked_data: vec![VecDeque::new(); self.conns.len()],
         });
         Some(self.colls.len() - 1)
     }
@@ -735,9 +738,9 @@ impl Comm {
                         roles.up_to_parent = true;
                         roles.down_expected = r.chunks;
                         roles.down_data = bit_of(k, &self.conns);
+                        roles.dl_children = bit_of(k, &self.conns);
                         roles.deliver_progress = all & !bit_of(k, &self.conns);
                         roles.progress_up = true;
-                        roles.kr = Some(k);
                     }
                     (true, None) => {
                         roles.up_to_parent = true;
@@ -745,8 +748,8 @@ impl Comm {
                     }
                     (false, Some(k)) => {
                         roles.up_data = bit_of(k, &self.conns);
+                        roles.dl_children = bit_of(k, &self.conns);
                         roles.deliver_progress = all & !bit_of(k, &self.conns);
-                        roles.kr = Some(k);
                     }
                     (false, None) => error = Some("Reduce root is not below the tree root"),
                 }
@@ -760,23 +763,21 @@ impl Comm {
                     if k_sends {
                         roles.contributors = kb;
                         roles.up_data = all & !kb;
-                        if parent_has_ranks {
-                            roles.up_to_parent = true;
-                            roles.fwd_progress = kb;
-                        } else {
-                            roles.up_progress = kb;
-                        }
+                        roles.dl_children = all & !kb;
+                        roles.up_to_parent = parent_has_ranks;
+                        roles.dl_parent = parent_has_ranks;
+                        roles.deliver_progress = kb;
                     }
                 }
                 None if self.parent.is_some() => {
                     roles.down_expected = r.chunks;
                     roles.down_data = all;
+                    roles.dl_children = all;
+                    roles.progress_up = true;
                 }
                 None => error = Some("Broadcast root is not below the tree root"),
             },
         }
-        roles.track_acks =
-            roles.kr.is_some_and(|k| matches!(self.conns[k].peer, Peer::Host { .. }));
         if let Some(e) = error {
             self.counters.protocol_errors += 1;
             tracing::warn!(comm = self.rules.comm_id, seq, root = r.op.root, "{e}");
@@ -944,9 +945,7 @@ impl Comm {
         for o in bits(roles.down_data) {
             let c = self.children[o];
             let psn = Self::send_data(&mut self.conns[c], payload);
-            if roles.track_acks && roles.kr == Some(c) {
-                self.colls[ci].result_psns.extend(psn);
-            }
+            self.note_sent(ci, o, c, psn);
         }
         self.counters.chunks_down += 1;
         let coll = &mut self.colls[ci];
@@ -963,11 +962,17 @@ impl Comm {
             self.counters.protocol_errors += 1;
             return;
         };
-        let coll = &mut self.colls[ci];
-        if coll.failed {
+        if self.colls[ci].failed {
             return;
         }
+        let coll = &mut self.colls[ci];
         let completed = completed.min(coll.chunks());
+        if coll.roles.dl_parent {
+            let p = self.parent.expect("dl_parent only below the root");
+            coll.dcount[p] = coll.dcount[p].max(completed);
+            self.update_delivered(ci);
+        }
+        let coll = &mut self.colls[ci];
         for o in bits(coll.roles.fwd_progress) {
             coll.prog_done[o] = coll.prog_done[o].max(completed);
         }
@@ -975,51 +980,78 @@ impl Comm {
         self.maybe_retire(seq);
     }
 
-    /// A child switch towards the Reduce root reports delivered results.
+    /// A child switch reports chunks delivered below it.
     fn on_child_progress(&mut self, idx: usize, seq: u32, completed: u64) {
         let Some(ci) = self.coll_index(seq) else {
             self.counters.protocol_errors += 1;
             return;
         };
+        let ord = self.conns[idx].ord.expect("child");
         let roles = self.colls[ci].roles;
-        if self.colls[ci].failed || roles.kr != Some(idx) || roles.track_acks {
+        if self.colls[ci].failed || !roles.dl_children.has(ord) || self.is_host(idx) {
             self.counters.protocol_errors += 1;
             return;
         }
-        let chunks = self.colls[ci].chunks();
-        self.set_delivered(ci, completed.min(chunks));
+        let coll = &mut self.colls[ci];
+        coll.dcount[idx] = coll.dcount[idx].max(completed.min(coll.chunks()));
+        self.update_delivered(ci);
         self.flush_progress(ci, true);
         self.maybe_retire(seq);
     }
 
-    fn set_delivered(&mut self, ci: usize, delivered: u64) {
+    fn is_host(&self, idx: usize) -> bool {
+        matches!(self.conns[idx].peer, Peer::Host { .. })
+    }
+
+    /// Remembers data sent to a receiving host whose ACKs measure delivery.
+    fn note_sent(&mut self, ci: usize, ord: usize, idx: usize, psn: Option<Psn>) {
+        if self.colls[ci].roles.dl_children.has(ord) && self.is_host(idx) {
+            self.colls[ci].unacked_data[idx].extend(psn);
+        }
+    }
+
+    /// Recomputes the delivered count: the minimum over the delivery sources, or the
+    /// chunks sent on when nobody beyond this switch needs them.
+    fn update_delivered(&mut self, ci: usize) {
+        let parent = self.parent;
         let coll = &mut self.colls[ci];
-        coll.delivered = coll.delivered.max(delivered);
-        for o in bits(coll.roles.deliver_progress) {
+        let r = coll.roles;
+        if r.deliver_progress.is_empty() && !r.progress_up {
+            return;
+        }
+        let mut d = u64::MAX;
+        for o in bits(r.dl_children) {
+            d = d.min(coll.dcount[self.children[o]]);
+        }
+        if r.dl_parent {
+            d = d.min(coll.dcount[parent.expect("dl_parent only below the root")]);
+        }
+        if d == u64::MAX {
+            d = coll.up_done;
+        }
+        coll.delivered = coll.delivered.max(d.min(coll.chunks()));
+        for o in bits(r.deliver_progress) {
             coll.prog_done[o] = coll.prog_done[o].max(coll.delivered);
         }
     }
 
-    /// Counts results the root host has ACKed (called after an ACK on `idx`).
+    /// Counts data a receiving host has ACKed (called after an ACK on `idx`).
     fn acked_results(&mut self, idx: usize) {
         let oldest = self.conns[idx].rc.oldest_unacked();
         for ci in 0..self.colls.len() {
-            let roles = self.colls[ci].roles;
-            if !roles.track_acks || roles.kr != Some(idx) || self.colls[ci].failed {
+            let coll = &mut self.colls[ci];
+            if coll.failed || coll.unacked_data[idx].is_empty() {
                 continue;
             }
-            let mut n = 0;
-            let coll = &mut self.colls[ci];
-            while let Some(&p) = coll.result_psns.front() {
-                if oldest.is_some_and(|o| !p.is_before(o)) {
-                    break;
-                }
-                coll.result_psns.pop_front();
-                n += 1;
+            let q = &mut coll.unacked_data[idx];
+            let before = q.len();
+            while q.front().is_some_and(|p| oldest.is_none_or(|o| p.is_before(o))) {
+                q.pop_front();
             }
+            let n = (before - q.len()) as u64;
             if n > 0 {
-                let d = coll.delivered + n;
-                self.set_delivered(ci, d);
+                coll.dcount[idx] += n;
+                self.update_delivered(ci);
             }
         }
     }
@@ -1072,20 +1104,17 @@ impl Comm {
             for o in bits(roles.up_data) {
                 let c = self.children[o];
                 let psn = Self::send_data(&mut self.conns[c], data);
-                if roles.track_acks && roles.kr == Some(c) {
-                    self.colls[ci].result_psns.extend(psn);
+                // Inline `note_sent`: `data` borrows the slot buffer.
+                if roles.dl_children.has(o) && matches!(self.conns[c].peer, Peer::Host { .. }) {
+                    self.colls[ci].unacked_data[c].extend(psn);
                 }
             }
             self.meta[s] = FREE;
             self.emit.pop_front();
             self.counters.chunks_aggregated += 1;
-            let coll = &mut self.colls[ci];
-            coll.up_done += 1;
-            let upto = coll.up_done;
-            for o in bits(roles.up_progress) {
-                coll.prog_done[o] = coll.prog_done[o].max(upto);
-            }
-            let seq = coll.seq;
+            self.colls[ci].up_done += 1;
+            self.update_delivered(ci);
+            let seq = self.colls[ci].seq;
             self.flush_progress(ci, false);
             self.maybe_retire(seq);
         }
@@ -1115,7 +1144,7 @@ impl Comm {
             return;
         }
         let roles = coll.roles;
-        let targets = roles.up_progress | roles.deliver_progress | roles.fwd_progress;
+        let targets = roles.deliver_progress | roles.fwd_progress;
         let chunks = coll.chunks();
         let seq = coll.seq;
         let op = coll.reference.expect("ready").op;
@@ -1151,7 +1180,7 @@ impl Comm {
             let r = &c.roles;
             let chunks = c.chunks();
             let up_total = if r.contributors.is_empty() { 0 } else { chunks };
-            let prog = r.up_progress | r.deliver_progress | r.fwd_progress;
+            let prog = r.deliver_progress | r.fwd_progress;
             c.up_done >= up_total
                 && c.down_done >= r.down_expected
                 && bits(prog).all(|o| c.prog_sent[o] >= chunks)
