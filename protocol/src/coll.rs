@@ -23,8 +23,8 @@ pub const NO_RANK: u16 = 0xFFFF;
 pub enum MsgKind {
     /// Start of a collective (host -> switch, switch -> parent).
     Start = 0,
-    /// Cumulative chunk completion (switch -> child; for Reduce also delivered results,
-    /// child switch -> parent).
+    /// Cumulative chunk completion (switch -> child; delivered counts also child
+    /// switch -> parent).
     Progress = 1,
     /// The collective failed (switch -> every neighbour).
     Error = 2,
