@@ -406,16 +406,14 @@ fn communicators_come_and_go() {
     summary("communicators_come_and_go", "1-2-4 and 3-level", &reports);
 }
 
-/// Found by `skewed_ranks_on_heterogeneous_links` (INC_SIM_SEED=681, INC_SIM_CASES=800,
-/// 3-level): on a lossless fabric whose links differ in rate (1-100 Gb/s), a long
-/// Broadcast makes a leaf switch RNR-NAK its parent (`backpressure_rnr`), and the
-/// parent retransmits: the root host runs further ahead of the slowest receiver than the
-/// leaf's send queue (2W chunks) holds, although "a lossless run never hits" RNR.
-/// Smallest case: INC_SIM_SEED=2 (1-2-4): Broadcast of 35470 INT32 from rank 0 (h3, on a
-/// 100 Gb/s link to leaf2) to h0 and h1, both on 1 Gb/s links to leaf1; leaf1 RNR-NAKs the
-/// root switch once (`backpressure_rnr` 1) and the root retransmits 10 packets to leaf1.
+/// Regression test, found by `skewed_ranks_on_heterogeneous_links` (INC_SIM_SEED=681,
+/// INC_SIM_CASES=800, 3-level): on a lossless fabric whose links differ in rate
+/// (1-100 Gb/s), a long Broadcast made a leaf switch RNR-NAK its parent and the parent
+/// retransmit, because the root host ran further ahead of the slowest receiver than the
+/// leaf's send queue (2W chunks) holds. Smallest case was INC_SIM_SEED=2 (1-2-4):
+/// 35470 INT32 from h3 (100 Gb/s link) to h0 and h1 (1 Gb/s links). Fixed in 0ce8f42
+/// (the Broadcast root is clocked by chunks every receiver has ACKed).
 #[test]
-#[ignore = "protocol bug: back-pressure RNR on a lossless fabric with unequal link rates"]
 fn broadcast_to_a_slow_receiver_needs_no_rnr() {
     run_seeds("broadcast_to_a_slow_receiver_needs_no_rnr", 40, |seed| {
         let topology = if seed % 2 == 0 { "1-2-4" } else { "3-level" };
