@@ -459,6 +459,46 @@ fn everything_at_once() {
     summary("everything_at_once", "1-2-4, 3-level, tree-3-3", &reports);
 }
 
+/// DESIGN: "Errors are values with messages (... timeout with the stalled PSN named),
+/// never a hang without a bound." One link dies (every frame lost) at a random time in
+/// the first 3 ms: every rank must end, within bounded time, either having completed all
+/// its collectives or with an error naming the stalled PSN or the failure in the
+/// network; whatever completed must still be correct.
+#[test]
+fn a_dead_link_fails_cleanly() {
+    let reports = run_seeds("a_dead_link_fails_cleanly", 30, |seed| {
+        let topology = if seed % 2 == 0 { "1-2-4" } else { "3-level" };
+        let faults = if seed % 3 == 0 { lossy(seed, 0.02) } else { FaultConfig::NONE };
+        let mut s = random_scenario(seed, topology, &Shape { faults, ..Shape::default() })?;
+        s.cut_link =
+            Some(ChaCha8Rng::seed_from_u64(seed).gen_range(0..=3 * inc_tests::sim::MILLIS));
+        s.limits.stall = 60 * inc_tests::sim::SECONDS;
+        let r = run(&s)?;
+        let named = |e: &String| e.contains("PSN") || e.contains("failed in the network");
+        if let Some(e) = r.host_errors.iter().find(|e| !named(e)) {
+            return Err(format!(
+                "error names neither a PSN nor the network failure: {e}\n{}",
+                r.state
+            ));
+        }
+        if r.sim_time > 30 * inc_tests::sim::SECONDS {
+            return Err(format!(
+                "ranks took {} ms to give up\n{}",
+                r.sim_time / 1_000_000,
+                r.state
+            ));
+        }
+        Ok((r.host_errors.len(), r.sim_time))
+    });
+    let failed: usize = reports.iter().map(|r| r.0).sum();
+    let slowest = reports.iter().map(|r| r.1).max().unwrap_or(0);
+    println!(
+        "a_dead_link_fails_cleanly: {} runs, {failed} rank errors, last rank done after {} ms",
+        reports.len(),
+        slowest / 1_000_000
+    );
+}
+
 /// A scenario with one collective of `count` elements on all hosts of `topology`.
 fn single(seed: u64, topology: &str, case: CollectiveCase, faults: FaultConfig) -> Scenario {
     let mut s = random_scenario(seed, topology, &Shape { jobs: 1..=1, faults, ..Shape::default() })

@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::cases::{gen_collective, gen_inputs, CaseShape, CollectiveCase, FloatInputs};
 use super::fabric::{
-    Endpoint, Fabric, FaultConfig, LinkConfig, LinkStats, Nanos, RunLimits, MICROS,
+    Endpoint, Fabric, FaultConfig, LinkConfig, LinkStats, Nanos, RunLimits, SimError, MICROS,
 };
 use super::harness::{HostNode, Job, SimNode, SwitchNode};
 use super::plan::{compile_comms, load_topology, random_hosts, CommPlan};
@@ -68,6 +68,10 @@ pub struct Scenario {
     /// Fixed start delays `(communicator, rank, collective, delay)`, overriding
     /// `think_time` for those collectives.
     pub delays: Vec<(usize, u16, usize, Nanos)>,
+    /// At this time one link (drawn from the seed, the `hot_link` if any) goes dead:
+    /// every frame on it is lost from then on. Ranks may then fail, but with an error,
+    /// within bounded time, and whatever completed must still be correct.
+    pub cut_link: Option<Nanos>,
 }
 
 /// See [`Scenario::mismatch`].
@@ -241,10 +245,11 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
             link(s.host_link),
         );
     }
+    let hot = link_rng.gen_range(0..fabric.link_count());
     if let Some(f) = s.hot_link {
-        let l = link_rng.gen_range(0..fabric.link_count());
-        fabric.set_faults(l, f);
+        fabric.set_faults(hot, f);
     }
+    let mut cut_pending = s.cut_link;
     // Communicators live in phases: run those that exist until they all finish, then
     // destroy them and create those waiting for them.
     let mut live: Vec<usize> =
@@ -260,14 +265,24 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
                 }
             }
         }
-        let result = fabric.run_until(&s.limits, |nodes| {
+        let limits = match cut_pending {
+            Some(t) => RunLimits { max_time: t, ..s.limits },
+            None => s.limits,
+        };
+        let result = fabric.run_until(&limits, |nodes| {
             nodes.iter().all(|n| match n {
                 SimNode::Host(h) => live.iter().all(|&c| h.finished(c)),
                 SimNode::Switch(_) => true,
             })
         });
-        if let Err(e) = result {
-            return Err(format!("{e}\n{}", dump(&fabric, &runs)));
+        match result {
+            Err(SimError::TimeLimit { .. }) if cut_pending.is_some() => {
+                fabric.set_faults(hot, FaultConfig { drop: 1.0, ..FaultConfig::NONE });
+                cut_pending = None;
+                continue;
+            }
+            Err(e) => return Err(format!("{e}\n{}", dump(&fabric, &runs))),
+            Ok(()) => {}
         }
         let next: Vec<usize> = pending
             .iter()
@@ -307,7 +322,8 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         live.extend(next);
     }
     let failing = s.mismatch.as_ref().map(|m| (m.comm, s.comms[m.comm].jobs.len() - 1));
-    verify(&fabric, &runs, failing).map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
+    let cut = s.cut_link.is_some();
+    verify(&fabric, &runs, failing, cut).map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
 
     let mut report = Report {
         sim_time: fabric.now(),
@@ -528,11 +544,13 @@ fn needs_inputs(case: &CollectiveCase) -> bool {
 }
 
 /// Checks every rank's results; `failing` = (communicator, collective) that must fail on
-/// every rank of that communicator instead (and end its sequence).
+/// every rank of that communicator instead (and end its sequence); with `cut`, any rank
+/// may end its sequence with an error (a link died), but what completed must be right.
 fn verify(
     fabric: &Fabric<SimNode>,
     runs: &[CommRun],
     failing: Option<(usize, usize)>,
+    cut: bool,
 ) -> Result<(), String> {
     // outputs[comm][job][rank]
     let mut outputs: Vec<Vec<Vec<Option<&[u8]>>>> =
@@ -548,6 +566,7 @@ fn verify(
             // a Broadcast) with a correct result, checked below.
             let must_end = failing.filter(|f| f.0 == q.comm).map(|f| f.1);
             let want = match (&q.error, must_end) {
+                (Some(_), None) if cut => q.outcomes.len(),
                 (Some(e), None) => return Err(format!("host {}: {e}", h.name)),
                 (Some(e), Some(ji)) if !e.contains(&format!("collective #{ji} ")) => {
                     return Err(format!("host {}: wrong collective failed: {e}", h.name))
@@ -600,7 +619,7 @@ fn verify(
     }
     for (ci, run) in runs.iter().enumerate() {
         for (ji, case) in run.cases.iter().enumerate() {
-            let may_lack_output = failing == Some((ci, ji));
+            let may_lack_output = cut || failing == Some((ci, ji));
             let at = |rank: usize| {
                 format!("comm {ci} collective #{ji} ({}) rank {rank}", case.describe())
             };
@@ -837,5 +856,6 @@ pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scena
         hot_link: shape.hot_link,
         mismatch: None,
         delays: Vec::new(),
+        cut_link: None,
     })
 }
