@@ -107,27 +107,7 @@ pub fn set_dst_mac(frame: &mut [u8], mac: EthernetAddress) {
 }
 
 /// Parses a RoCEv2 frame whose UDP destination port may differ from 4791 (userspace
-/// hosts sharing an IP listen on their own ports). Such frames are copied into
-/// `scratch` with the port rewritten for the parser; the ICRC is checked on the
-/// original bytes, since it covers the ports.
-pub fn parse_any_port<'a>(
-    frame: &'a [u8],
-    scratch: &'a mut Vec<u8>,
-) -> inc_wire::Result<inc_wire::RoceFrame<'a>> {
-    const DPORT: usize = 14 + 20 + 2;
-    let port_ok = frame.len() > DPORT + 2
-        && u16::from_be_bytes([frame[DPORT], frame[DPORT + 1]]) == inc_wire::ROCEV2_PORT;
-    let simple_ip = frame.len() > 14 && frame[14] == 0x45;
-    if port_ok || !simple_ip || frame.len() < HEADERS_LEN + 4 {
-        return RoceRepr::parse(frame);
-    }
-    let ip_len = usize::from(u16::from_be_bytes([frame[16], frame[17]]));
-    let icrc_ok = frame.len() >= 14 + ip_len && inc_wire::icrc::verify(&frame[14..14 + ip_len]);
-    scratch.clear();
-    scratch.extend_from_slice(frame);
-    scratch[DPORT..DPORT + 2].copy_from_slice(&inc_wire::ROCEV2_PORT.to_be_bytes());
-    let mut parsed = RoceRepr::parse(scratch)?;
-    parsed.repr.udp_dst_port = u16::from_be_bytes([frame[DPORT], frame[DPORT + 1]]);
-    parsed.icrc_ok = icrc_ok;
-    Ok(parsed)
+/// hosts sharing an IP listen on their own ports). Zero-copy; the ICRC covers the ports.
+pub fn parse_any_port(frame: &[u8]) -> inc_wire::Result<inc_wire::RoceFrame<'_>> {
+    RoceRepr::parse_any_port(frame)
 }

@@ -174,6 +174,17 @@ impl RoceRepr {
     /// headers, pad count beyond the payload, payload on an opcode without one). A bad
     /// ICRC is reported in [`RoceFrame::icrc_ok`].
     pub fn parse(frame: &[u8]) -> Result<RoceFrame<'_>> {
+        Self::parse_inner(frame, true)
+    }
+
+    /// Like [`RoceRepr::parse`], but accepts any UDP destination port (userspace hosts
+    /// sharing an IP listen on their own ports). The ICRC covers the ports either way;
+    /// the port received is reported in [`RoceRepr::udp_dst_port`].
+    pub fn parse_any_port(frame: &[u8]) -> Result<RoceFrame<'_>> {
+        Self::parse_inner(frame, false)
+    }
+
+    fn parse_inner(frame: &[u8], require_rocev2_port: bool) -> Result<RoceFrame<'_>> {
         let eth = EthernetFrame::new_checked(frame)?;
         let eth_repr = EthernetRepr::parse(&eth)?;
         if eth_repr.ethertype != EtherType::Ipv4 {
@@ -188,7 +199,7 @@ impl RoceRepr {
         let ihl = usize::from(ip_bytes[0] & 0x0f) * 4;
         let dport_at = ihl + 2;
         match ip_bytes.get(dport_at..dport_at + 2) {
-            Some(p) if u16::from_be_bytes([p[0], p[1]]) == ROCEV2_PORT => {}
+            Some(p) if !require_rocev2_port || u16::from_be_bytes([p[0], p[1]]) == ROCEV2_PORT => {}
             _ => return Err(Error::NotRoce { reason: "UDP destination port is not 4791" }),
         }
 
@@ -424,6 +435,28 @@ mod tests {
         // A flipped payload bit breaks only the ICRC.
         buf[n - 6] ^= 1;
         assert!(!RoceRepr::parse(&buf[..n]).unwrap().icrc_ok);
+    }
+
+    #[test]
+    fn parse_any_port_accepts_other_ports_and_checks_icrc() {
+        let mut r = base(Opcode::RcSendOnly);
+        r.udp_dst_port = 50000;
+        r.payload_len = 8;
+        let mut buf = [0u8; 256];
+        let n = r.emit(&mut buf, |p| p.copy_from_slice(b"12345678")).unwrap();
+        assert!(matches!(RoceRepr::parse(&buf[..n]), Err(Error::NotRoce { .. })));
+        let f = RoceRepr::parse_any_port(&buf[..n]).unwrap();
+        assert!(f.icrc_ok);
+        assert_eq!(f.payload, b"12345678");
+        assert_eq!(f.repr, r);
+        // The ICRC covers the ports: a flipped destination port bit is detected.
+        let dport_at = 14 + 20 + 2;
+        buf[dport_at + 1] ^= 1;
+        assert!(!RoceRepr::parse_any_port(&buf[..n]).unwrap().icrc_ok);
+        buf[dport_at + 1] ^= 1;
+        // So is a flipped payload bit.
+        buf[n - 5] ^= 0x80;
+        assert!(!RoceRepr::parse_any_port(&buf[..n]).unwrap().icrc_ok);
     }
 
     #[test]

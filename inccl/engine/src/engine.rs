@@ -57,7 +57,6 @@ pub struct HostEngine {
     coll: HostCollective,
     rc: RcConnection,
     scratch: Vec<u8>,
-    parse_scratch: Vec<u8>,
     last_progress: Time,
     counters: HostCounters,
 }
@@ -104,7 +103,6 @@ impl HostEngine {
             coll,
             rc,
             scratch: vec![0; mtu.max(inc_protocol::coll::HEADER_LEN)],
-            parse_scratch: Vec::new(),
             last_progress: Time::ZERO,
             counters: HostCounters::default(),
         }
@@ -137,7 +135,7 @@ impl HostEngine {
     /// Handles one received Ethernet frame.
     pub fn handle_frame(&mut self, now: Time, frame: &[u8], bufs: &mut OpBuffers<'_>) {
         self.counters.rx_frames += 1;
-        let parsed = match frame::parse_any_port(frame, &mut self.parse_scratch) {
+        let parsed = match frame::parse_any_port(frame) {
             Ok(p) => p,
             Err(_) => {
                 self.counters.rx_malformed += 1;
