@@ -212,6 +212,23 @@ struct Entry {
     retransmitted: bool,
 }
 
+impl Entry {
+    /// Copies the stored frame into `buf` with the peer MAC, if learned, as destination.
+    /// Returns the frame in `buf`, or `None` if `buf` is too small.
+    fn copy_out<'b>(
+        &self,
+        buf: &'b mut [u8],
+        peer_mac: Option<EthernetAddress>,
+    ) -> Option<&'b mut [u8]> {
+        let out = buf.get_mut(..self.len)?;
+        out.copy_from_slice(&self.buf[..self.len]);
+        if let Some(mac) = peer_mac {
+            frame::set_dst_mac(out, mac);
+        }
+        Some(out)
+    }
+}
+
 /// One RC endpoint (requester + responder).
 #[derive(Debug)]
 pub struct RcConnection {
@@ -575,14 +592,7 @@ impl RcConnection {
         }
         let last = self.send_idx + 1 == self.queue.len();
         let e = &mut self.queue[self.send_idx];
-        if buf.len() < e.len {
-            return None;
-        }
-        let out = &mut buf[..e.len];
-        out.copy_from_slice(&e.buf[..e.len]);
-        if let Some(mac) = self.cfg.addr.peer_mac {
-            frame::set_dst_mac(out, mac);
-        }
+        let out = e.copy_out(buf, self.cfg.addr.peer_mac)?;
         self.since_ack_req += 1;
         let ack_req = self.since_ack_req >= self.cfg.timers.ack_req_every
             || (last && self.ack_req_psn.is_none());
@@ -613,14 +623,7 @@ impl RcConnection {
             return None;
         }
         let e = &mut self.queue[self.send_idx - 1];
-        if buf.len() < e.len {
-            return None;
-        }
-        let out = &mut buf[..e.len];
-        out.copy_from_slice(&e.buf[..e.len]);
-        if let Some(mac) = self.cfg.addr.peer_mac {
-            frame::set_dst_mac(out, mac);
-        }
+        let out = e.copy_out(buf, self.cfg.addr.peer_mac)?;
         frame::set_ack_req(out, true);
         // Karn: an ACK may now answer either copy.
         e.retransmitted = true;
