@@ -180,6 +180,29 @@ unsafe fn comm_mut<'a>(comm: *mut inccl_communicator) -> Result<&'a mut Communic
         .ok_or_else(|| Error::InvalidArgument("communicator is NULL".into()))
 }
 
+/// Handle to a group; errors if NULL.
+///
+/// Safety: `group` is NULL or a live pointer from `inccl_group_create*`.
+unsafe fn group_ref<'a>(group: *const inccl_group) -> Result<&'a Group> {
+    // Safety: guaranteed by the caller (see above).
+    unsafe { group.as_ref() }
+        .map(|g| &g.0)
+        .ok_or_else(|| Error::InvalidArgument("group is NULL".into()))
+}
+
+/// Takes back ownership of a handle for destruction; errors if NULL.
+///
+/// Safety: `handle` is NULL or a pointer created by `Box::into_raw` and not taken back
+/// before.
+unsafe fn take_handle<T>(handle: *mut T, what: &str) -> Result<Box<T>> {
+    if handle.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    // Safety: guaranteed by the caller (see above); ownership returns from the pointer
+    // created by `Box::into_raw`.
+    Ok(unsafe { Box::from_raw(handle) })
+}
+
 fn create_group(
     world_size: c_int,
     rank: c_int,
@@ -231,11 +254,9 @@ pub unsafe extern "C" fn inccl_group_destroy(group: *mut inccl_group) -> c_int {
     guard(
         |c| c,
         || {
-            if group.is_null() {
-                return Err(Error::InvalidArgument("group is NULL".into()));
-            }
-            // Safety: ownership returns from the pointer created by `Box::into_raw`.
-            let g = unsafe { Box::from_raw(group) };
+            // Safety: NULL or from `inccl_group_create*` (`Box::into_raw`) and not
+            // destroyed before, per the contract above.
+            let g = unsafe { take_handle(group, "group") }?;
             int_code(g.0.destroy())
         },
     )
@@ -251,9 +272,8 @@ pub unsafe extern "C" fn inccl_group_rank(group: *const inccl_group) -> c_int {
         |c| c,
         || {
             // Safety: NULL or live, per the contract above.
-            let g = unsafe { group.as_ref() }
-                .ok_or_else(|| Error::InvalidArgument("group is NULL".into()))?;
-            Ok(c_int::from(g.0.rank()))
+            let g = unsafe { group_ref(group) }?;
+            Ok(c_int::from(g.rank()))
         },
     )
 }
@@ -268,9 +288,8 @@ pub unsafe extern "C" fn inccl_group_world_size(group: *const inccl_group) -> c_
         |c| c,
         || {
             // Safety: NULL or live, per the contract above.
-            let g = unsafe { group.as_ref() }
-                .ok_or_else(|| Error::InvalidArgument("group is NULL".into()))?;
-            Ok(c_int::from(g.0.world_size()))
+            let g = unsafe { group_ref(group) }?;
+            Ok(c_int::from(g.world_size()))
         },
     )
 }
@@ -289,9 +308,8 @@ pub unsafe extern "C" fn inccl_communicator_create(
         |_| std::ptr::null_mut(),
         || {
             // Safety: NULL or live, per the contract above.
-            let g = unsafe { group.as_ref() }
-                .ok_or_else(|| Error::InvalidArgument("group is NULL".into()))?;
-            let comm = g.0.communicator(CommConfig::from_env(u64::from(size_bytes))?)?;
+            let g = unsafe { group_ref(group) }?;
+            let comm = g.communicator(CommConfig::from_env(u64::from(size_bytes))?)?;
             Ok(Box::into_raw(Box::new(inccl_communicator(comm))))
         },
     )
@@ -306,11 +324,9 @@ pub unsafe extern "C" fn inccl_communicator_destroy(comm: *mut inccl_communicato
     guard(
         |c| c,
         || {
-            if comm.is_null() {
-                return Err(Error::InvalidArgument("communicator is NULL".into()));
-            }
-            // Safety: ownership returns from the pointer created by `Box::into_raw`.
-            let c = unsafe { Box::from_raw(comm) };
+            // Safety: NULL or from `inccl_communicator_create` (`Box::into_raw`) and not
+            // destroyed before, per the contract above.
+            let c = unsafe { take_handle(comm, "communicator") }?;
             int_code(c.0.destroy())
         },
     )
