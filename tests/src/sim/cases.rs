@@ -7,7 +7,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use super::reference::{Dtype, Kind, Op, ELEM};
+use super::reference::{kind_name, Dtype, Kind, Op, ELEM};
 
 /// How FLOAT32 inputs are drawn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,12 @@ impl CollectiveCase {
     pub fn describe(&self) -> String {
         format!(
             "{} {:?} {:?} count={} in_place={} floats={:?}",
-            self.kind, self.op, self.dtype, self.count, self.in_place, self.floats
+            kind_name(self.kind),
+            self.op,
+            self.dtype,
+            self.count,
+            self.in_place,
+            self.floats
         )
     }
 }

@@ -14,7 +14,7 @@ use inc_wire::{
     icrc, ArpOperation, ArpPacket, ArpRepr, DataType, EtherType, EthernetAddress, EthernetFrame,
     EthernetRepr, Ipv4Packet, Operator,
 };
-use inccl_engine::{CollectiveKind, CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
+use inccl_engine::{CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
 
 use super::cases::CollectiveCase;
 use super::fabric::{Nanos, Node};
@@ -34,12 +34,6 @@ fn mac(m: Mac) -> EthernetAddress {
 
 /// Maps a generated collective to the engine's spec.
 pub fn engine_spec(case: &CollectiveCase) -> CollectiveSpec {
-    let kind = match case.kind {
-        Kind::AllReduce => CollectiveKind::AllReduce,
-        Kind::Reduce { root } => CollectiveKind::Reduce { root },
-        Kind::Broadcast { root } => CollectiveKind::Broadcast { root },
-        Kind::Barrier => CollectiveKind::Barrier,
-    };
     let op = match (case.kind, case.op) {
         (Kind::Barrier, _) => Operator::Barrier,
         (_, Op::Sum) => Operator::Sum,
@@ -50,7 +44,7 @@ pub fn engine_spec(case: &CollectiveCase) -> CollectiveSpec {
         Dtype::Int32 => DataType::Int32,
         Dtype::Float32 => DataType::Float32,
     };
-    CollectiveSpec { kind, op, dtype, count: case.count as u64 }
+    CollectiveSpec { kind: case.kind, op, dtype, count: case.count as u64 }
 }
 
 /// A switch on the fabric; fabric port `i` is the topology port `i`.

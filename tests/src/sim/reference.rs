@@ -1,8 +1,6 @@
 //! Reference results computed directly in native types, independent of the wire crate's
 //! reduce kernels, so the simulation checks the engines against plain arithmetic.
 
-use std::fmt;
-
 /// Reduction operator of a collective (Barrier is a [`Kind`], not an operator here).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -23,33 +21,16 @@ pub enum Dtype {
     Float32,
 }
 
-/// What a collective does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// Every rank gets the reduction of all inputs.
-    AllReduce,
-    /// Only `root` gets the reduction.
-    Reduce {
-        /// Receiving rank.
-        root: u16,
-    },
-    /// Every rank gets `root`'s input.
-    Broadcast {
-        /// Sending rank.
-        root: u16,
-    },
-    /// No data; completes once every rank entered it.
-    Barrier,
-}
+/// What a collective does: the host engine's own enum, so cases pass straight through.
+pub use inccl_engine::CollectiveKind as Kind;
 
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Kind::AllReduce => write!(f, "allreduce"),
-            Kind::Reduce { root } => write!(f, "reduce(root {root})"),
-            Kind::Broadcast { root } => write!(f, "broadcast(root {root})"),
-            Kind::Barrier => write!(f, "barrier"),
-        }
+/// Short name of a collective for failure messages (`allreduce`, `reduce(root 1)`, ...).
+pub fn kind_name(kind: Kind) -> String {
+    match kind {
+        Kind::AllReduce => "allreduce".to_string(),
+        Kind::Reduce { root } => format!("reduce(root {root})"),
+        Kind::Broadcast { root } => format!("broadcast(root {root})"),
+        Kind::Barrier => "barrier".to_string(),
     }
 }
 
