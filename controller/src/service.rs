@@ -804,15 +804,15 @@ fn destroy_communicator(shared: &Shared, comm_id: u32) -> Result<(), String> {
 }
 
 fn destroy_group(shared: &Shared, group_id: u64) -> Result<(), String> {
-    let comms: Vec<u32> = {
-        let st = lock(&shared.state);
-        let g = st.groups.get(&group_id).ok_or_else(|| format!("unknown group {group_id}"))?;
-        g.comms.iter().copied().collect()
-    };
-    for c in comms {
+    // Take the group out first, in one step, so no status report (or new communicator)
+    // sees a group that is half torn down.
+    let group = lock(&shared.state)
+        .groups
+        .remove(&group_id)
+        .ok_or_else(|| format!("unknown group {group_id}"))?;
+    for c in group.comms {
         let _ = destroy_communicator(shared, c);
     }
-    lock(&shared.state).groups.remove(&group_id);
     info!(group_id, "group destroyed");
     Ok(())
 }
