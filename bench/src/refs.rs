@@ -4,7 +4,7 @@
 //! generator is dpdk-testpmd txonly in the first host; frames are counted on the last
 //! host's interface.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -15,16 +15,53 @@ use crate::model::FrameRate;
 use crate::netns::{if_counters, Plan};
 use crate::procs::{check_interrupted, cpu_seconds, in_ns, tail, Proc};
 
-fn testpmd(ns: &str, ifaces: &[&str], app_args: &[String], log: &Path) -> anyhow::Result<Proc> {
+/// A running testpmd and its runtime directory (removed on drop).
+#[derive(Debug)]
+struct Testpmd {
+    proc: Proc,
+    runtime_dir: PathBuf,
+}
+
+impl Drop for Testpmd {
+    fn drop(&mut self) {
+        self.proc.stop(Duration::from_secs(3));
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+    }
+}
+
+/// The EAL/testpmd lines that say why it stopped (its usage text is noise).
+fn why(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("EAL: ") || l.contains("Fail") || l.contains("rror"))
+        .take(6)
+        .collect();
+    if lines.is_empty() {
+        tail(log, 6)
+    } else {
+        lines.join("\n")
+    }
+}
+
+fn testpmd(ns: &str, ifaces: &[&str], app_args: &[String], log: &Path) -> anyhow::Result<Testpmd> {
     let mut cmd = in_ns(ns, "dpdk-testpmd");
-    // No hugepages, no PCI, nothing shared between instances; both cores allowed (the
-    // scheduler places the busy-polling lcore, as it does for the INC switch thread).
-    cmd.args(["--no-huge", "-m", "256", "--no-pci", "--in-memory", "--lcores", "0@(0-1),1@(0-1)"]);
+    // No hugepages, no PCI, a private runtime directory per instance; both cores allowed
+    // (the scheduler places the busy-polling lcore, as it does for the INC switch thread).
+    let file_prefix = format!("incbench{}-{ns}", std::process::id());
+    cmd.args(["--no-huge", "-m", "256", "--no-pci", "--file-prefix", &file_prefix]);
+    cmd.args(["--lcores", "0@(0-1),1@(0-1)"]);
     for (i, ifn) in ifaces.iter().enumerate() {
         cmd.arg(format!("--vdev=net_af_packet{i},iface={ifn}"));
     }
-    cmd.arg("--").args(app_args).args(["--nb-cores=1", "--stats-period=1"]).stdin(Stdio::null());
-    Proc::spawn(&format!("dpdk-testpmd in {ns}"), &mut cmd, Some(log))
+    cmd.arg("--")
+        .args(app_args)
+        .args(["--nb-cores=1", "--stats-period=1", "--total-num-mbufs=32768"])
+        .stdin(Stdio::null());
+    Ok(Testpmd {
+        proc: Proc::spawn(&format!("dpdk-testpmd in {ns}"), &mut cmd, Some(log))?,
+        runtime_dir: Path::new("/var/run/dpdk").join(file_prefix),
+    })
 }
 
 /// Is dpdk-testpmd installed?
@@ -44,7 +81,7 @@ fn measure(
     system: &str,
     frame_len: u32,
     seconds: f64,
-    forwarders: &mut [Proc],
+    forwarders: &mut [Testpmd],
     logs: &Path,
 ) -> anyhow::Result<FrameRate> {
     let (src, dst) = (&plan.hosts[0], &plan.hosts[plan.hosts.len() - 1]);
@@ -69,12 +106,12 @@ fn measure(
     loop {
         check_interrupted()?;
         std::thread::sleep(Duration::from_millis(500));
-        if !generator.running() {
-            bail!("the testpmd generator exited:\n{}", tail(&gen_log, 15));
+        if !generator.proc.running() {
+            bail!("the testpmd generator exited:\n{}", why(&gen_log));
         }
         for f in forwarders.iter_mut() {
-            if !f.running() {
-                bail!("{} exited", f.name);
+            if !f.proc.running() {
+                bail!("{} exited", f.proc.name);
             }
         }
         let now = if_counters(&dst.ns, &dst.ifname)?.rx_packets;
@@ -83,7 +120,7 @@ fn measure(
         }
         last = now;
     }
-    let pids: Vec<u32> = forwarders.iter().map(Proc::pid).collect();
+    let pids: Vec<u32> = forwarders.iter().map(|f| f.proc.pid()).collect();
     let cpu0: f64 = pids.iter().filter_map(|p| cpu_seconds(*p).ok()).sum();
     let (tx0, rx0) = (
         if_counters(&src.ns, &src.ifname)?.tx_packets,
@@ -97,7 +134,7 @@ fn measure(
     );
     let dt = t0.elapsed().as_secs_f64();
     let cpu1: f64 = pids.iter().filter_map(|p| cpu_seconds(*p).ok()).sum();
-    generator.stop(Duration::from_secs(3));
+    drop(generator);
     let delivered = (rx1 - rx0) as f64 / dt;
     Ok(FrameRate {
         system: system.to_string(),
@@ -132,11 +169,7 @@ pub fn testpmd_io(
             &logs.join(format!("testpmd-{sw}.log")),
         )?);
     }
-    let r = measure(plan, "testpmd-io", frame_len, seconds, &mut fwd, logs);
-    for mut f in fwd {
-        f.stop(Duration::from_secs(3));
-    }
-    r
+    measure(plan, "testpmd-io", frame_len, seconds, &mut fwd, logs)
 }
 
 /// The kernel's IPv4 forwarding in the switch namespaces.

@@ -249,7 +249,7 @@ pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &R
         .collect();
     let mut sizes: Vec<(String, u64)> = rows
         .iter()
-        .filter(|r| r.collective == Coll::AllReduce && !r.small && r.system != "mpi-ring")
+        .filter(|r| r.collective == Coll::AllReduce && !r.small && r.iters > 0)
         .map(|r| (r.dtype.clone(), r.bytes))
         .collect();
     sizes.sort();
