@@ -1,4 +1,5 @@
-//! AF_PACKET backend: a TPACKET_V3 (or, for latency, TPACKET_V2) receive ring per port,
+//! AF_PACKET backend: a TPACKET_V2 receive ring per port (the default: per-frame
+//! hand-over, lowest latency) or, on request, a TPACKET_V3 one (per-block hand-over),
 //! batched `sendmmsg` transmit, `PACKET_QDISC_BYPASS`, `PACKET_IGNORE_OUTGOING`,
 //! promiscuous membership, and one epoll over every ring plus an eventfd waker.
 //!

@@ -238,3 +238,16 @@ pub(crate) fn getsockopt<T: Copy>(fd: RawFd, level: i32, name: i32, val: &mut T)
     }
     Ok(())
 }
+
+/// MAC address and MTU of `ifname` in the calling thread's namespace, through a
+/// throw-away datagram socket (for backends whose own sockets take no interface ioctls).
+pub(crate) fn if_mac_mtu(ifname: &str) -> io::Result<([u8; 6], u32)> {
+    // Safety: plain syscall; the fd is checked and owned below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(last());
+    }
+    // Safety: `raw` is a fresh descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok((if_mac(fd.as_raw_fd(), ifname)?, if_mtu(fd.as_raw_fd(), ifname)?))
+}
