@@ -405,14 +405,14 @@ impl AfXdpBackend {
         let epoll = Epoll::new()?;
         let wake = Arc::new(EventFd::new()?);
         epoll
-            .add(wake.raw(), u64::MAX)
+            .add(wake.fd(), u64::MAX)
             .map_err(|source| IoError::Sys { op: "epoll add", source })?;
         let mut socks = Vec::with_capacity(ports.len());
         let mut descs = Vec::with_capacity(ports.len());
         for (i, spec) in ports.iter().enumerate() {
             let (s, c) = (spec.clone(), config.clone());
             let (sock, desc) = sys::in_netns(spec.netns.as_deref(), move || open_port(&s, &c))?;
-            epoll.add(sock.fd.as_raw_fd(), i as u64).map_err(|source| IoError::Interface {
+            epoll.add(&sock.fd, i as u64).map_err(|source| IoError::Interface {
                 op: "epoll add",
                 iface: spec.label(),
                 source,
@@ -593,16 +593,16 @@ impl Backend for AfXdpBackend {
         } else {
             timeout
         };
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        let mut events = sys::events::<16>();
         let n = self
             .epoll
             .wait(timeout, &mut events)
             .map_err(|source| IoError::Sys { op: "epoll_wait", source })?;
         for ev in &events[..n] {
-            if ev.u64 == u64::MAX {
+            if sys::token(ev) == u64::MAX {
                 self.wake.drain();
-            } else if ev.events & (libc::EPOLLERR as u32) != 0 {
-                let p = ev.u64 as usize;
+            } else if sys::is_error(ev) {
+                let p = sys::token(ev) as usize;
                 self.counters[p].link_errors += 1;
                 warn!(iface = %self.socks[p].label, "XSK socket error");
             }

@@ -283,6 +283,11 @@ impl XdpProgram {
         Ok(XdpProgram { map, prog })
     }
 
+    /// The program's fd (to attach it by other means, as tests do).
+    pub fn prog_fd(&self) -> RawFd {
+        self.prog.as_raw_fd()
+    }
+
     /// Point map entry `queue` at socket `xsk_fd`.
     pub fn set_socket(&self, queue: u32, xsk_fd: RawFd) -> io::Result<()> {
         #[repr(C)]
