@@ -67,6 +67,10 @@ enum BackendKind {
     AfPacket,
     /// In-process queues (no interfaces; for tests of the control path).
     Memory,
+    /// DPDK ethdevs (needs an inc-switch built with `--features dpdk`): kernel
+    /// interfaces get an af_packet (or --dpdk-vdev af_xdp) vdev each, opened in their
+    /// namespace; names of devices EAL probed (PCI addresses, vdevs) use their PMD.
+    Dpdk,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -127,6 +131,31 @@ struct RunArgs {
     /// Do not put the interfaces in promiscuous mode.
     #[arg(long)]
     no_promisc: bool,
+    /// DPDK EAL arguments, split at whitespace (default `--no-huge --no-pci`; -l, -m,
+    /// --in-memory, --no-telemetry and --log-level are added unless given).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_args: String,
+    /// DPDK: vdev driver for ports that are kernel interfaces.
+    #[arg(long, value_enum, default_value = "af_packet")]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_vdev: DpdkVdev,
+    /// DPDK: longest idle sleep between empty receive polls, in microseconds (bounds
+    /// the extra latency of the first frame after a quiet spell).
+    #[arg(long, default_value_t = 500)]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_idle_max_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+enum DpdkVdev {
+    /// net_af_packet.
+    #[value(name = "af_packet", alias = "af-packet")]
+    AfPacket,
+    /// net_af_xdp.
+    #[value(name = "af_xdp", alias = "af-xdp")]
+    AfXdp,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -191,7 +220,40 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
             let (backend, _net) = MemoryBackend::new(specs, 4096);
             run_with(backend, &plans, &controller, &args)
         }
+        BackendKind::Dpdk => run_dpdk(&specs, &plans, &controller, &args),
     }
+}
+
+#[cfg(feature = "dpdk")]
+fn run_dpdk(
+    specs: &[PortSpec],
+    plans: &[SwitchPlan],
+    controller: &str,
+    args: &RunArgs,
+) -> anyhow::Result<()> {
+    use inc_switch_io::dpdk::{DpdkBackend, DpdkConfig, VdevDriver};
+    let cfg = DpdkConfig {
+        eal_args: args.dpdk_args.split_whitespace().map(str::to_string).collect(),
+        vdev: match args.dpdk_vdev {
+            DpdkVdev::AfPacket => VdevDriver::AfPacket,
+            DpdkVdev::AfXdp => VdevDriver::AfXdp,
+        },
+        tx_batch: args.tx_batch,
+        idle_sleep_max: std::time::Duration::from_micros(args.dpdk_idle_max_us),
+        promiscuous: !args.no_promisc,
+        ..DpdkConfig::default()
+    };
+    let backend = DpdkBackend::open(specs, cfg).context("opening DPDK ports")?;
+    run_with(backend, plans, controller, args)
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn run_dpdk(_: &[PortSpec], _: &[SwitchPlan], _: &str, _: &RunArgs) -> anyhow::Result<()> {
+    bail!(
+        "this inc-switch was built without DPDK support; build it with \
+         `cargo build --release -p inc-switch --features dpdk` (needs libdpdk-dev: \
+         sudo scripts/setup --dpdk)"
+    )
 }
 
 /// Build the engines over `backend`, start the side threads, run the loop.

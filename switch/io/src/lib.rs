@@ -12,7 +12,8 @@
 //!   ([`Backend::wait`]); nothing busy-polls.
 //!
 //! Backends: [`memory`] (in-process, for tests) and [`af_packet`] (TPACKET_V3 receive
-//! ring, `sendmmsg` transmit, Linux only). All `unsafe` of the switch lives in this crate,
+//! ring, `sendmmsg` transmit, Linux only), and with cargo feature `dpdk` the `dpdk` module
+//! (DPDK ethdevs over the system libdpdk). All `unsafe` of the switch lives in this crate,
 //! in the backend modules.
 
 pub mod backend;
@@ -22,5 +23,10 @@ pub mod memory;
 pub mod af_packet;
 #[cfg(target_os = "linux")]
 mod sys;
+
+#[cfg(all(target_os = "linux", feature = "dpdk"))]
+pub mod dpdk;
+#[cfg(all(target_os = "linux", feature = "dpdk"))]
+mod dpdk_ffi;
 
 pub use backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Wake, Waker};
