@@ -22,12 +22,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use inc_controller::Topology;
 use inc_ctrl_proto::{Mac, PortInfo};
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
 use inc_switch_io::memory::MemoryBackend;
 use inc_switch_io::{Backend, PortSpec};
+use inc_topology::Topology;
 use inc_wire::EthernetAddress;
 use tracing::info;
 
