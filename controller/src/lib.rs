@@ -3,9 +3,11 @@
 //! - [`topology`]: YAML topology model and validation (re-export of `inc-topology`).
 //! - [`compiler`]: pure rule compiler (topology + communicator -> per-switch rules).
 //! - [`plan`]: network-namespace plan for the deployment scripts.
+//! - [`export`]: container deployments (Docker Compose, containerlab) of a topology.
 //! - [`service`]: the TCP controller service.
 
 pub mod compiler;
+pub mod export;
 pub mod plan;
 pub mod service;
 pub mod yaml;
