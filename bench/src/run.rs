@@ -129,15 +129,21 @@ impl Ctx<'_> {
         ) {
             Ok(f) => f,
             Err(e) => {
+                // A backend listed by --help but compiled out (e.g. dpdk without the
+                // feature) is "not built", not a failure of the run.
+                let text = format!("{e:#}");
+                let why = match text.lines().find(|l| l.contains("built without")) {
+                    Some(l) => format!("not built: {}", l.trim()),
+                    None => format!("FAIL: {text}"),
+                };
                 for &coll in &self.cfg.collectives.clone() {
                     for dtype in &self.cfg.dtypes.clone() {
-                        let mut m =
-                            Measurement::skipped(backend, coll, dtype, 0, &format!("FAIL: {e:#}"));
+                        let mut m = Measurement::skipped(backend, coll, dtype, 0, &why);
                         m.round = round;
                         self.res.measurements.push(m);
                     }
                 }
-                self.pb.println(format!("{backend}: cannot start the switch: {e:#}"));
+                self.pb.println(format!("{backend}: {why}"));
                 return Ok(());
             }
         };

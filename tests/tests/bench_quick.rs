@@ -1,7 +1,7 @@
 //! `inc-bench --quick` end to end: topology in namespaces, the af_packet switch, the
 //! testpmd, kernel-forwarding and OpenMPI references; checks that the table, CSV, JSON
 //! and SVG plots exist and parse, that every measured row passed its element-by-element
-//! check, and that nothing is left behind. Skips when not root unless CI=true.
+//! check, and that nothing is left behind. Skips when not root or a tool is missing; in CI (CI=true) that fails instead.
 
 use std::path::Path;
 use std::process::Command;
@@ -10,10 +10,6 @@ use std::time::Duration;
 use inc_tests::netns::{
     assert_clean, bin_dir, repo_root, skip_reason, unique_prefix, TeardownGuard,
 };
-
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}
 
 fn build_bench() -> Result<(), String> {
     if std::env::var_os("INC_BIN_DIR").is_some() {
@@ -66,16 +62,13 @@ fn check_csv(path: &Path, key_col: &str) -> Vec<Vec<String>> {
 #[test]
 fn quick_bench_writes_every_output() {
     for tool in ["mpicc", "mpirun", "dpdk-testpmd", "ping"] {
-        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output();
-        if !found.is_ok_and(|o| o.status.success()) {
-            assert!(!ci(), "{tool} missing in CI (scripts/setup installs it)");
-            eprintln!("SKIP bench_quick: {tool} not installed");
+        if !inc_test_support::command_works("sh", &["-c", &format!("command -v {tool}")]) {
+            inc_test_support::skip("bench_quick", &format!("{tool} not installed (scripts/setup)"));
             return;
         }
     }
     if let Some(why) = skip_reason(&["inccl-allreduce", "inccl-barrier"]) {
-        assert!(!ci(), "bench_quick cannot run in CI: {why}");
-        eprintln!("SKIP bench_quick: {why}");
+        inc_test_support::skip("bench_quick", &why);
         return;
     }
     build_bench().expect("building inc-bench");
