@@ -104,9 +104,19 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// A line above the progress bar, or on stderr when there is no bar (not a terminal).
+    fn say(&self, line: impl Into<String>) {
+        let line = line.into();
+        if self.pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.say(line);
+        }
+    }
+
     fn record(&mut self, mut m: Measurement, round: u32) {
         m.round = round;
-        self.pb.println(live_line(&m));
+        self.say(live_line(&m));
         self.pb.inc(1);
         self.res.measurements.push(m);
     }
@@ -143,7 +153,7 @@ impl Ctx<'_> {
                         self.res.measurements.push(m);
                     }
                 }
-                self.pb.println(format!("{backend}: {why}"));
+                self.say(format!("{backend}: {why}"));
                 return Ok(());
             }
         };
@@ -325,7 +335,7 @@ impl Ctx<'_> {
                 status: format!("FAIL: {e:#}"),
             });
             fr.round = round;
-            self.pb.println(format!(
+            self.say(format!(
                 "{:<18} {} B frames: offered {:.0}/s, delivered {:.0}/s over {} hops  {}",
                 fr.system, fr.frame_len, fr.offered_fps, fr.delivered_fps, fr.hops, fr.status
             ));
@@ -417,7 +427,7 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         switch_args: args.switch_args.clone(),
         prefix: prefix.clone(),
     };
-    ctx.pb.println(format!(
+    ctx.say(format!(
         "inc-bench: {} on {}; output in {}",
         topo.name,
         ctx.res.machine,
@@ -452,7 +462,7 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
                                 &why,
                             ));
                         }
-                        ctx.pb.println(format!("{b}: {why}"));
+                        ctx.say(format!("{b}: {why}"));
                     }
                     continue;
                 }
@@ -462,7 +472,7 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
             if cfg.refs {
                 match &mpi {
                     Some(m) => ctx.mpi(m, round, ring_bytes)?,
-                    None => ctx.pb.println("MPI reference skipped (see notes)"),
+                    None => ctx.say("MPI reference skipped (see notes)"),
                 }
                 ctx.frame_rates(round);
             }
