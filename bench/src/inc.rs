@@ -114,7 +114,13 @@ impl Fabric {
             if switch.running() {
                 Ok(())
             } else {
-                bail!("inc-switch --backend {backend} exited:\n{}", tail(&log, 15))
+                // The error line, not the backtrace that may follow it.
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let why = text.lines().find(|l| l.starts_with("Error:")).map(str::to_string);
+                bail!(
+                    "inc-switch --backend {backend} exited:\n{}",
+                    why.unwrap_or_else(|| tail(&log, 15))
+                )
             }
         }) {
             return Err(e.context(format!("starting the {backend} switch (log {})", log.display())));
