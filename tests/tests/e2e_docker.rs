@@ -35,8 +35,7 @@ fn skip_reason() -> Option<String> {
     if !quiet_ok("docker", &["info"]) {
         return Some("no Docker engine answers `docker info`".into());
     }
-    if !quiet_ok("docker", &["compose", "version"]) && !quiet_ok("docker-compose", &["version"])
-    {
+    if !quiet_ok("docker", &["compose", "version"]) && !quiet_ok("docker-compose", &["version"]) {
         return Some("neither `docker compose` nor docker-compose is installed".into());
     }
     None
@@ -104,12 +103,16 @@ fn compose_1_2_4_every_collective_and_a_stopped_switch() {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Already reaped by try_wait (this returns its status at once): keeps the child
+    // waited for on every path.
+    let _ = child.wait();
     let (stdout, stderr) = (out_t.join().unwrap_or_default(), err_t.join().unwrap_or_default());
     let transcript = format!("status {status:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
     eprintln!("{transcript}");
     assert!(status.is_some_and(|s| s.success()), "compose-demo failed\n{transcript}");
     // 5 collectives before and 1 after the restart, 4 ranks each.
-    let passes = stdout.lines().filter(|l| l.trim_end().ends_with("PASS") && l.contains(" h")).count();
+    let passes =
+        stdout.lines().filter(|l| l.trim_end().ends_with("PASS") && l.contains(" h")).count();
     assert_eq!(passes, 24, "expected 24 PASS lines\n{transcript}");
     assert!(!stdout.contains("FAIL"), "a rank failed\n{transcript}");
     assert!(stdout.contains("STOP TEST PASS"), "{transcript}");

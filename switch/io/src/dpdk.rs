@@ -19,6 +19,7 @@
 //! 2 µs, ... up to [`DpdkConfig::idle_sleep_max`] (interruptible by the [`Waker`]), and
 //! the first received frame resets the back-off.
 
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -483,7 +484,11 @@ impl Backend for DpdkBackend {
             return Ok(());
         }
         lower_timer_slack();
-        let mut pfd = libc::pollfd { fd: self.wake.raw(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: self.wake.fd().as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let ts = libc::timespec {
             tv_sec: nap.as_secs() as libc::time_t,
             tv_nsec: libc::c_long::from(nap.subsec_nanos() as i32),

@@ -179,12 +179,13 @@ impl Comm {
         }
     }
 
-    pub(crate) fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
-        self.rules.connections.iter().map(|c| c.local_qpn)
+    pub(crate) fn id(&self) -> u32 {
+        self.rules.comm_id
     }
 
-    pub(crate) fn conn_count(&self) -> usize {
-        self.conns.len()
+    /// Switch-side QPNs, by connection index.
+    pub(crate) fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
+        self.rules.connections.iter().map(|c| c.local_qpn)
     }
 
     /// Whether a frame for connection `conn` came from where its peer is.
