@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::str::FromStr;
 use std::time::Duration;
 
-use inc_ctrl_proto::Mac;
+use inc_ctrl_proto::EthernetAddress;
 
 use crate::error::{Error, Result};
 
@@ -70,7 +70,7 @@ pub struct GroupConfig {
     /// Data-plane IPv4 address; overrides the interface's address.
     pub local_ip: Option<Ipv4Addr>,
     /// Data-plane MAC; overrides the interface's MAC.
-    pub local_mac: Option<Mac>,
+    pub local_mac: Option<EthernetAddress>,
 }
 
 impl GroupConfig {

@@ -142,7 +142,6 @@ mod tests {
     use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
     use inc_switch_io::memory::MemoryBackend;
     use inc_switch_io::Backend;
-    use inc_wire::EthernetAddress;
     use serde_json::Value;
 
     use super::*;
@@ -173,11 +172,7 @@ mod tests {
         let ports: Vec<PortConfig> = plan
             .ports
             .iter()
-            .map(|p| PortConfig {
-                name: p.port.clone(),
-                ip: p.ip.unwrap(),
-                mac: EthernetAddress(p.mac.unwrap().0),
-            })
+            .map(|p| PortConfig { name: p.port.clone(), ip: p.ip.unwrap(), mac: p.mac.unwrap() })
             .collect();
         let infos = plan
             .ports
