@@ -3,7 +3,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `INCCL_CONTROLLER` | controller address `host:port` (rank 0 only) |
-//! | `INCCL_TOKEN` | shared token the controller may require |
+//! | `INC_CONTROLLER_TOKEN` | host credential presented to the controller (rank 0; the controller's one token variable) |
 //! | `INCCL_MASTER_PORT` | bootstrap port of rank 0 when the master address has none (default 52223) |
 //! | `INCCL_TIMEOUT_MS` | bound of every bootstrap wait (default 30000) |
 //! | `INCCL_OP_TIMEOUT_MS` | a collective that makes no progress for this long fails (default 10000) |
@@ -102,7 +102,7 @@ impl GroupConfig {
         if let Some(v) = env_str("INCCL_CONTROLLER") {
             self.controller = Some(v);
         }
-        if let Some(v) = env_str("INCCL_TOKEN") {
+        if let Some(v) = env_str(inc_ctrl_proto::TOKEN_ENV) {
             self.token = Some(v);
         }
         if let Some(p) = env_parse::<u16>("INCCL_MASTER_PORT")? {

@@ -162,7 +162,7 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../topologies/1-4.yaml");
         let topo = Topology::load(path).unwrap();
         let hosts: Vec<_> = topo.hosts.iter().map(|h| h.addr.ip).collect();
-        let ctrl = Controller::start(ServiceConfig::new(topo.clone()), "127.0.0.1:0").unwrap();
+        let ctrl = Controller::start(ServiceConfig::insecure(topo.clone()), "127.0.0.1:0").unwrap();
         let addr = ctrl.local_addr().to_string();
 
         let plans = spec::resolve(&["sw0".parse().unwrap()], &[], Some(&topo)).unwrap();

@@ -401,7 +401,6 @@ mod tests {
             mtu: 1024,
             window: 4,
             slots: 8,
-            slot_base: 0,
             parent: None,
             connections: Vec::new(),
         };

@@ -271,7 +271,6 @@ mod tests {
                     mtu: 1024,
                     window: 64,
                     slots: 128,
-                    slot_base: 0,
                     parent: None,
                     connections: vec![crate::ConnectionRule {
                         port: "p1".into(),

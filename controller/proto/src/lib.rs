@@ -13,6 +13,11 @@ pub mod codec;
 mod msg;
 mod rules;
 
+/// Environment variable holding the credential a client presents to the controller
+/// (the switch credential for `inc-switch`, the host credential for INCCL's rank 0
+/// and `inc-controller status`).
+pub const TOKEN_ENV: &str = "INC_CONTROLLER_TOKEN";
+
 pub use client::{ClientError, ControllerClient, Push, PushRequest, SwitchSession};
 pub use codec::{CodecError, FrameBuffer, FrameDecoder, MAX_FRAME};
 /// The control plane's former name of [`EthernetAddress`], kept until its last users

@@ -92,10 +92,6 @@ pub struct SwitchRules {
     pub window: u32,
     /// S: slots for this communicator on this switch (S >= 2W).
     pub slots: u32,
-    /// First slot of this communicator's pool in the switch's slot space; pools of live
-    /// communicators on one switch never overlap.
-    #[serde(default)]
-    pub slot_base: u32,
     /// Index into `connections` of the connection towards the parent; `None` at the
     /// root of this communicator's spanning tree.
     pub parent: Option<usize>,
