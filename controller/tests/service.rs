@@ -440,8 +440,7 @@ fn controller_lets_no_one_in_where_they_do_not_belong() {
 
     // Window, mtu and slots are checked against the switch's limits before anything
     // is allocated; the rejection names the switch and the limit.
-    let e =
-        rejected(owner.create_communicator(g, ranks(&hosts, 0x60), Some(4096), Some(65536), T));
+    let e = rejected(owner.create_communicator(g, ranks(&hosts, 0x60), Some(4096), Some(65536), T));
     assert!(e.contains("leaf1") && e.contains("max_slot_memory"), "{e}");
     let e = rejected(owner.create_communicator(g, ranks(&hosts, 0x60), None, Some(70000), T));
     assert!(e.contains("window 70000"), "{e}");

@@ -73,7 +73,12 @@ fn create_waits_for_the_switch_and_times_out_cleanly() {
     // Byte by byte: nothing happens until the frame is complete.
     let req = frame(
         6,
-        Message::CreateCommunicator { group_id, ranks: demo_ranks(&hosts), mtu: None, window: None },
+        Message::CreateCommunicator {
+            group_id,
+            ranks: demo_ranks(&hosts),
+            mtu: None,
+            window: None,
+        },
     );
     for b in &req[..req.len() - 1] {
         core.receive(2, std::slice::from_ref(b), t0);
@@ -178,7 +183,9 @@ fn authentication_and_framing_deadlines() {
     core.open(3, peer(2), t0);
     core.receive(3, &u32::MAX.to_be_bytes(), t0);
     let (r, closed) = replies(&mut core, 3);
-    assert!(closed && matches!(&r[0].body, Message::Error { reason } if reason.contains("exceeds")));
+    assert!(
+        closed && matches!(&r[0].body, Message::Error { reason } if reason.contains("exceeds"))
+    );
 
     // Connections per address are bounded.
     let limit = core.config().limits.max_connections_per_address;
@@ -188,7 +195,9 @@ fn authentication_and_framing_deadlines() {
     core.take_outputs();
     core.open(999, peer(9), t0);
     let (r, closed) = replies(&mut core, 999);
-    assert!(closed && matches!(&r[0].body, Message::Error { reason } if reason.contains("per address")));
+    assert!(
+        closed && matches!(&r[0].body, Message::Error { reason } if reason.contains("per address"))
+    );
 }
 
 #[test]
