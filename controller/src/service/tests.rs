@@ -99,7 +99,8 @@ fn create_waits_for_the_switch_and_times_out_cleanly() {
     core.tick(late - Duration::from_millis(1));
     assert!(core.take_outputs().is_empty());
     core.tick(late);
-    assert_eq!(core.pending_pushes(), 0, "timed-out push removed");
+    // The timed-out push is gone; the undo (remove the rules) is the only one left.
+    assert_eq!(core.pending_pushes(), 1, "timed-out push removed, undo pending");
     let outs = core.take_outputs();
     let host_reply = outs.iter().find_map(|o| match o {
         Output::Send { conn: 2, envelope } => Some(envelope.clone()),
@@ -114,6 +115,8 @@ fn create_waits_for_the_switch_and_times_out_cleanly() {
     // The undo push went out, and a late ack of the original push is ignored.
     core.receive(1, &frame(push.id, Message::Ack), late);
     assert!(core.status().communicators.is_empty());
+    core.tick(late + core.config().ack_timeout);
+    assert_eq!(core.pending_pushes(), 0, "unanswered undo removed at its deadline");
 
     // The owner leaves: its group goes.
     core.closed(2, late);
