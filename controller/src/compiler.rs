@@ -1,10 +1,11 @@
 //! Rule compiler: topology + communicator -> per-switch rules and per-rank endpoints.
 //!
-//! Pure code: no I/O. The [`Allocator`] carries switch resources (QPNs, slot pools)
-//! across communicators so that several communicators share switches without
-//! colliding; a communicator's resources are released with [`Allocator::release`].
+//! Pure code: no I/O. The [`Allocator`] carries switch resources (QPNs, slots, slot
+//! memory) across communicators so that several communicators share switches without
+//! colliding or exceeding a switch's limits; a communicator's resources are released
+//! with [`Allocator::release`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
@@ -15,7 +16,7 @@ use inc_ctrl_proto::{
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use inc_topology::Topology;
+use inc_topology::{Switch, Topology};
 
 /// First switch-side QPN tried on a fresh switch (QPN 0 and 1 are special in IB).
 const FIRST_QPN: u32 = 0x100;
@@ -90,15 +91,15 @@ pub enum CompileError {
     /// No free QPN on a switch.
     #[error("switch {0}: no free QPN")]
     QpnExhausted(String),
-    /// No room for the slot pool on a switch.
-    #[error("switch {switch}: no room for {slots} more slots (capacity {capacity})")]
-    SlotsExhausted {
+    /// A switch's limit would be exceeded; nothing was allocated.
+    #[error("switch {switch}: {asked} exceeds its limit: {limit}")]
+    Limit {
         /// Switch name.
         switch: String,
-        /// Slots requested.
-        slots: u32,
-        /// Capacity.
-        capacity: u32,
+        /// What the communicator needs, e.g. `window 4096`.
+        asked: String,
+        /// The limit and what is left of it, e.g. `max_window 1024`.
+        limit: String,
     },
 }
 
@@ -119,14 +120,22 @@ pub struct Compiled {
 struct SwitchAlloc {
     used: HashSet<u32>,
     next: u32,
-    /// Slot pools: base -> len.
-    slots: BTreeMap<u32, u32>,
+    slots: u64,
+    slot_memory: u64,
+}
+
+/// What a communicator holds on one switch.
+#[derive(Debug, Clone)]
+struct Holding {
+    switch_id: u32,
+    qpns: Vec<u32>,
+    slots: u64,
+    slot_memory: u64,
 }
 
 #[derive(Debug, Clone, Default)]
 struct CommAlloc {
-    /// (switch id, qpns, slot base)
-    parts: Vec<(u32, Vec<u32>, Option<u32>)>,
+    parts: Vec<Holding>,
 }
 
 /// Switch resources held by live communicators.
@@ -158,43 +167,61 @@ impl Allocator {
         Err(CompileError::QpnExhausted(name.to_string()))
     }
 
+    /// Check a switch's limits for a communicator needing `slots` slots of `mtu`
+    /// bytes for `fan_in` children, then take them.
     fn alloc_slots(
         &mut self,
-        switch_id: u32,
-        name: &str,
-        len: u32,
-        capacity: u32,
-    ) -> Result<u32, CompileError> {
-        let sa = self.switches.entry(switch_id).or_default();
-        let mut base = 0u32;
-        for (&b, &l) in &sa.slots {
-            if b.saturating_sub(base) >= len {
-                break;
-            }
-            base = b + l;
+        sw: &Switch,
+        window: u32,
+        mtu: u16,
+        fan_in: usize,
+    ) -> Result<(u64, u64), CompileError> {
+        let limit = |asked: String, limit: String| CompileError::Limit {
+            switch: sw.name.clone(),
+            asked,
+            limit,
+        };
+        if window > sw.max_window {
+            return Err(limit(format!("window {window}"), format!("max_window {}", sw.max_window)));
         }
-        if u64::from(base) + u64::from(len) > u64::from(capacity) {
-            return Err(CompileError::SlotsExhausted {
-                switch: name.to_string(),
-                slots: len,
-                capacity,
-            });
+        if mtu > sw.max_mtu {
+            return Err(limit(format!("mtu {mtu}"), format!("max_mtu {}", sw.max_mtu)));
         }
-        sa.slots.insert(base, len);
-        Ok(base)
+        let sa = self.switches.entry(sw.id).or_default();
+        let slots = 2 * u64::from(window);
+        // The switch allocates at most one mtu-sized buffer per child per slot.
+        let memory = slots * u64::from(mtu) * fan_in.max(1) as u64;
+        let free_slots = u64::from(sw.max_slots).saturating_sub(sa.slots);
+        if slots > free_slots {
+            return Err(limit(
+                format!("{slots} slots (2 x window {window})"),
+                format!("{free_slots} of max_slots {} free", sw.max_slots),
+            ));
+        }
+        let free_memory = sw.max_slot_memory.saturating_sub(sa.slot_memory);
+        if memory > free_memory {
+            return Err(limit(
+                format!(
+                    "{memory} bytes of slot buffers ({slots} slots x mtu {mtu} x fan-in {fan_in})"
+                ),
+                format!("{free_memory} of max_slot_memory {} free", sw.max_slot_memory),
+            ));
+        }
+        sa.slots += slots;
+        sa.slot_memory += memory;
+        Ok((slots, memory))
     }
 
     /// Release every resource of a communicator (no-op if unknown).
     pub fn release(&mut self, comm_id: u32) {
         let Some(c) = self.comms.remove(&comm_id) else { return };
-        for (sw, qpns, base) in c.parts {
-            if let Some(sa) = self.switches.get_mut(&sw) {
-                for q in qpns {
+        for h in c.parts {
+            if let Some(sa) = self.switches.get_mut(&h.switch_id) {
+                for q in h.qpns {
                     sa.used.remove(&q);
                 }
-                if let Some(b) = base {
-                    sa.slots.remove(&b);
-                }
+                sa.slots -= h.slots;
+                sa.slot_memory -= h.slot_memory;
             }
         }
     }
@@ -202,6 +229,11 @@ impl Allocator {
     /// QPNs in use on a switch.
     pub fn live_qpns(&self, switch_id: u32) -> usize {
         self.switches.get(&switch_id).map_or(0, |s| s.used.len())
+    }
+
+    /// Slots in use on a switch.
+    pub fn live_slots(&self, switch_id: u32) -> u64 {
+        self.switches.get(&switch_id).map_or(0, |s| s.slots)
     }
 
     /// Whether a communicator holds resources.
@@ -437,17 +469,16 @@ fn compile_inner(
                 gid: ipv4_gid(port.addr.ip),
             });
         }
-        let slots = window * 2;
-        let slot_base = alloc.alloc_slots(sw.id, &sw.name, slots, sw.max_slots)?;
-        record.parts.push((sw.id, qpns, Some(slot_base)));
+        let fan_in = conns.len() - usize::from(parent.is_some());
+        let (slots, slot_memory) = alloc.alloc_slots(sw, window, mtu, fan_in)?;
+        record.parts.push(Holding { switch_id: sw.id, qpns, slots, slot_memory });
         rules.push(SwitchRules {
             comm_id: spec.comm_id,
             switch_id: sw.id,
             world_size: n as u16,
             mtu,
             window,
-            slots,
-            slot_base,
+            slots: slots as u32,
             parent,
             connections: conns,
         });

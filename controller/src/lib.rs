@@ -4,18 +4,21 @@
 //! - [`compiler`]: pure rule compiler (topology + communicator -> per-switch rules).
 //! - [`plan`]: network-namespace plan for the deployment scripts.
 //! - [`export`]: container deployments (Docker Compose, containerlab) of a topology.
-//! - [`service`]: the TCP controller service.
+//! - [`service`]: the controller service: a sans-IO core with TCP around it.
+//! - [`auth`]: credentials (token file, roles, constant-time checks).
 
+pub mod auth;
 pub mod compiler;
 pub mod export;
 pub mod plan;
 pub mod service;
 pub mod yaml;
 
+pub use auth::{Auth, Credentials, Role};
 pub use compiler::{compile, Allocator, CommunicatorSpec, CompileError, Compiled};
 pub use inc_topology as topology;
 pub use inc_topology::{Topology, TopologyError, TopologyIssue};
-pub use service::{Controller, ServiceConfig, ServiceError};
+pub use service::{Controller, Core, Limits, Output, ServiceConfig, ServiceError};
 
 use inc_ctrl_proto::{RankEndpoint, ROCE_UDP_PORT};
 

@@ -8,9 +8,10 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use inc_controller::{
-    compile, demo_ranks, Allocator, CommunicatorSpec, Controller, ServiceConfig, Topology,
+    compile, demo_ranks, Allocator, Auth, CommunicatorSpec, Controller, Credentials, Role,
+    ServiceConfig, Topology,
 };
-use inc_ctrl_proto::ControllerClient;
+use inc_ctrl_proto::{ControllerClient, TOKEN_ENV};
 
 #[derive(Parser, Debug)]
 #[command(name = "inc-controller", version, about = "INC emulator control plane")]
@@ -67,15 +68,33 @@ enum Cmd {
         /// Listen address (default: 0.0.0.0 and the topology's controller port).
         #[arg(long)]
         listen: Option<String>,
-        /// Shared token switches and hosts must present.
-        #[arg(long, env = "INC_CONTROLLER_TOKEN")]
-        token: Option<String>,
+        /// Token file with the switch and host credentials; created (mode 0600) with
+        /// fresh random credentials if missing. Default: $XDG_RUNTIME_DIR or $HOME,
+        /// file `inc-controller.token`.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Serve without authentication: anyone who reaches the port may register
+        /// switches and create groups.
+        #[arg(long, conflicts_with = "token_file")]
+        insecure: bool,
         /// Seconds to wait for switch acknowledgements.
         #[arg(long, default_value_t = 5.0)]
         ack_timeout: f64,
         /// Fixed seed for start PSNs (default: random).
         #[arg(long)]
         seed: Option<u64>,
+        /// Seconds one frame may take to arrive once its first byte did.
+        #[arg(long, default_value_t = 10.0)]
+        frame_timeout: f64,
+    },
+    /// Print one credential of a token file (for scripts that start switches and hosts).
+    Token {
+        /// Token file written by `serve`.
+        #[arg(long)]
+        token_file: PathBuf,
+        /// Which credential.
+        #[arg(long, value_parser = ["switch", "host"])]
+        role: String,
     },
     /// Write a container deployment of a topology (docker/README.md).
     Export {
@@ -87,8 +106,8 @@ enum Cmd {
         /// Controller address.
         #[arg(long, default_value = "127.0.0.1:7000")]
         controller: String,
-        /// Shared token.
-        #[arg(long, env = "INC_CONTROLLER_TOKEN")]
+        /// Host credential.
+        #[arg(long, env = TOKEN_ENV)]
         token: Option<String>,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -254,12 +273,28 @@ fn run() -> Result<()> {
             let t = Topology::load(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
             print!("{}", inc_controller::plan::render(&t, &prefix)?);
         }
-        Cmd::Serve { topology, listen, token, ack_timeout, seed } => {
+        Cmd::Serve { topology, listen, token_file, insecure, ack_timeout, seed, frame_timeout } => {
             let t = Topology::load(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
             let listen = listen.unwrap_or_else(|| format!("0.0.0.0:{}", t.controller.port()));
-            let mut cfg = ServiceConfig::new(t);
-            cfg.token = token;
+            let auth = if insecure {
+                tracing::warn!("--insecure: no authentication, anyone reaching {listen} may register switches and create groups");
+                Auth::Insecure
+            } else {
+                let path = match token_file {
+                    Some(p) => p,
+                    None => default_token_file()?,
+                };
+                let (creds, created) = Credentials::load_or_create(&path)?;
+                if created {
+                    tracing::info!(file = %path.display(), "created a token file with fresh credentials");
+                } else {
+                    tracing::info!(file = %path.display(), "using credentials from token file");
+                }
+                Auth::required(&creds)
+            };
+            let mut cfg = ServiceConfig::new(t, auth);
             cfg.ack_timeout = Duration::from_secs_f64(ack_timeout);
+            cfg.frame_timeout = Duration::from_secs_f64(frame_timeout);
             if let Some(s) = seed {
                 cfg.seed = s;
             }
@@ -270,6 +305,11 @@ fn run() -> Result<()> {
             ctrl.wait();
         }
         Cmd::Export { target } => export(target)?,
+        Cmd::Token { token_file, role } => {
+            let creds = Credentials::load(&token_file)?;
+            let role = if role == "switch" { Role::Switch } else { Role::Host };
+            println!("{}", creds.token(role));
+        }
         Cmd::Status { controller, token, json } => {
             let timeout = Duration::from_secs(5);
             let mut c = ControllerClient::connect(controller.as_str(), timeout)?;
@@ -311,4 +351,17 @@ fn run() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `$XDG_RUNTIME_DIR/inc-controller.token`, else `$HOME/.inc-controller.token`.
+fn default_token_file() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d).join("inc-controller.token"));
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".inc-controller.token")),
+        None => bail!(
+            "no $XDG_RUNTIME_DIR or $HOME for the token file: pass --token-file or --insecure"
+        ),
+    }
 }

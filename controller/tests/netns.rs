@@ -84,7 +84,9 @@ fn netns_up_and_down() {
     // Controller in its namespace, queried from h0 over the management network.
     let ctrl = Command::new("ip")
         .args(["netns", "exec", &format!("{prefix}-ctrl"), env!("CARGO_BIN_EXE_inc-controller")])
+        // This test is about the namespaces and the management network, not credentials.
         .args(["serve", "--topology", topo.to_str().unwrap(), "--listen", "10.0.0.1:7000"])
+        .arg("--insecure")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -16,25 +16,47 @@ use inc_ctrl_proto::{
 };
 
 const T: Duration = Duration::from_secs(5);
-const TOKEN: &str = "s3cret";
+/// Host credential.
+const TOKEN: &str = "host-s3cret-0123456789";
+/// Switch credential.
+const SWITCH_TOKEN: &str = "switch-s3cret-0123456789";
 
 struct Server {
     child: Child,
     addr: SocketAddr,
+    dir: std::path::PathBuf,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-fn start_server() -> Server {
+fn start_server(name: &str) -> Server {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = std::env::temp_dir().join(format!("inc-ctrl-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&token_file)
+        .unwrap()
+        .write_all(format!("switch {SWITCH_TOKEN}\nhost {TOKEN}\n").as_bytes())
+        .unwrap();
     let topo = concat!(env!("CARGO_MANIFEST_DIR"), "/../topologies/1-2-4.yaml");
     let mut child = Command::new(env!("CARGO_BIN_EXE_inc-controller"))
         .args([
             "serve",
+            "--token-file",
+            token_file.to_str().unwrap(),
+            "--frame-timeout",
+            "1",
             "--topology",
             topo,
             "--listen",
@@ -44,7 +66,6 @@ fn start_server() -> Server {
             "--seed",
             "5",
         ])
-        .env("INC_CONTROLLER_TOKEN", TOKEN)
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -53,7 +74,7 @@ fn start_server() -> Server {
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     let addr = line.trim().strip_prefix("listening on ").expect("listening line").parse().unwrap();
-    Server { child, addr }
+    Server { child, addr, dir }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -72,10 +93,22 @@ struct FakeSwitch {
 
 impl FakeSwitch {
     fn start(addr: SocketAddr, id: u32, ports: &[&str], behaviour: Behaviour) -> FakeSwitch {
-        let ports =
+        let ports: Vec<PortInfo> =
             ports.iter().map(|p| PortInfo { name: p.to_string(), ip: None, mac: None }).collect();
-        let mut s =
-            SwitchSession::connect(addr, id, Some(TOKEN.into()), ports, T).expect("register");
+        // A switch that just disconnected stays registered until the controller sees
+        // the close: retry while the old connection is still known (no takeover).
+        let deadline = Instant::now() + T;
+        let mut s = loop {
+            match SwitchSession::connect(addr, id, Some(SWITCH_TOKEN.into()), ports.clone(), T) {
+                Ok(s) => break s,
+                Err(ClientError::Rejected(r))
+                    if r.contains("already connected") && Instant::now() < deadline =>
+                {
+                    thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("register switch {id}: {e}"),
+            }
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let pushes = Arc::new(Mutex::new(Vec::new()));
         let (st, pu) = (stop.clone(), pushes.clone());
@@ -164,7 +197,7 @@ fn raw_request(s: &mut TcpStream, bytes: &[u8]) -> Envelope {
 
 #[test]
 fn controller_end_to_end() {
-    let srv = start_server();
+    let srv = start_server("e2e");
     let addr = srv.addr;
 
     // --- bad clients first; the service must keep serving.
@@ -211,7 +244,7 @@ fn controller_end_to_end() {
     assert_eq!(big.read(&mut buf).unwrap_or(0), 0, "connection closed after oversized frame");
 
     // Switches: unknown id, bad token, unknown port.
-    let err = SwitchSession::connect(addr, 99, Some(TOKEN.into()), vec![], T).unwrap_err();
+    let err = SwitchSession::connect(addr, 99, Some(SWITCH_TOKEN.into()), vec![], T).unwrap_err();
     assert!(
         matches!(&err, ClientError::Rejected(r) if r.contains("unknown switch id 99")),
         "{err}"
@@ -219,7 +252,7 @@ fn controller_end_to_end() {
     let err = SwitchSession::connect(addr, 1, Some("wrong".into()), vec![], T).unwrap_err();
     assert!(matches!(&err, ClientError::Rejected(r) if r.contains("authentication")), "{err}");
     let bad_port = vec![PortInfo { name: "eth7".into(), ip: None, mac: None }];
-    let err = SwitchSession::connect(addr, 1, Some(TOKEN.into()), bad_port, T).unwrap_err();
+    let err = SwitchSession::connect(addr, 1, Some(SWITCH_TOKEN.into()), bad_port, T).unwrap_err();
     assert!(matches!(&err, ClientError::Rejected(r) if r.contains("no port `eth7`")), "{err}");
 
     // --- two fake switches (the leaves) and two concurrent rank 0s.
@@ -367,4 +400,88 @@ fn controller_end_to_end() {
     leaf1.stop();
     leaf2.stop();
     root.stop();
+}
+
+/// Credentials, roles, ownership, limits and the per-frame deadline, against the real
+/// service.
+#[test]
+fn controller_lets_no_one_in_where_they_do_not_belong() {
+    let srv = start_server("security");
+    let addr = srv.addr;
+
+    // The host credential does not register switches; the switch credential does not
+    // create groups; a wrong token does neither, and three failures close the connection.
+    let err = SwitchSession::connect(addr, 1, Some(TOKEN.into()), vec![], T).unwrap_err();
+    assert!(matches!(&err, ClientError::Rejected(r) if r.contains("switch credential")), "{err}");
+    let mut c = client(addr);
+    let e = rejected(c.register_group(Some(SWITCH_TOKEN.into()), vec![ip("10.1.1.21")], T));
+    assert!(e.contains("host credential"), "{e}");
+    assert!(rejected(c.hello(Some("host-s3cret-012345678".into()), T)).contains("authentication"));
+    assert!(rejected(c.status(T)).contains("authentication"));
+    assert!(c.status(T).is_err(), "closed after three failed authentications");
+
+    // No takeover of a connected switch.
+    let leaf1 = FakeSwitch::start(addr, 1, &["up", "h0", "h1"], Behaviour::Ack);
+    let err = SwitchSession::connect(addr, 1, Some(SWITCH_TOKEN.into()), vec![], T).unwrap_err();
+    assert!(matches!(&err, ClientError::Rejected(r) if r.contains("already connected")), "{err}");
+
+    // Only the connection that created a group may use or destroy it.
+    let mut owner = client(addr);
+    let hosts = ["10.1.1.21", "10.1.1.5"];
+    let g = owner.register_group(Some(TOKEN.into()), hosts.iter().map(|h| ip(h)).collect(), T);
+    let g = g.unwrap();
+    let (comm, _) = owner.create_communicator(g, ranks(&hosts, 0x40), None, None, T).unwrap();
+    let mut other = client(addr);
+    other.hello(Some(TOKEN.into()), T).unwrap();
+    assert!(rejected(other.destroy_group(g, T)).contains("another connection"));
+    assert!(rejected(other.destroy_communicator(comm, T)).contains("another connection"));
+    let e = rejected(other.create_communicator(g, ranks(&hosts, 0x50), None, None, T));
+    assert!(e.contains("another connection"), "{e}");
+
+    // Window, mtu and slots are checked against the switch's limits before anything
+    // is allocated; the rejection names the switch and the limit.
+    let e = rejected(owner.create_communicator(g, ranks(&hosts, 0x60), Some(4096), Some(65536), T));
+    assert!(e.contains("leaf1") && e.contains("max_slot_memory"), "{e}");
+    let e = rejected(owner.create_communicator(g, ranks(&hosts, 0x60), None, Some(70000), T));
+    assert!(e.contains("window 70000"), "{e}");
+    let st = owner.status(T).unwrap();
+    assert_eq!(st.communicators.len(), 1, "failed requests left nothing behind");
+
+    // Groups per connection are bounded.
+    let mut greedy = client(addr);
+    greedy.hello(Some(TOKEN.into()), T).unwrap();
+    let mut n = 0;
+    let e = loop {
+        match greedy.register_group(None, vec![ip("10.2.1.7")], T) {
+            Ok(_) => n += 1,
+            Err(e) => break e.to_string(),
+        }
+        assert!(n <= 64, "no limit on groups per connection");
+    };
+    assert!(e.contains("limit 16") && n == 16, "{n}: {e}");
+
+    // A peer that trickles a frame one byte at a time is dropped after the per-frame
+    // deadline (1 s here), even though each read succeeds.
+    let mut slow = TcpStream::connect(addr).unwrap();
+    let frame = inc_ctrl_proto::codec::encode(&Envelope::new(1, Message::Ping)).unwrap();
+    let t0 = Instant::now();
+    let mut dropped = false;
+    for b in &frame {
+        if slow.write_all(std::slice::from_ref(b)).is_err() {
+            dropped = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(300));
+        if t0.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+    }
+    slow.set_read_timeout(Some(T)).unwrap();
+    let r = read_frame(&mut slow);
+    let timed_out = matches!(&r, Ok(Envelope { body: Message::Error { reason }, .. }) if reason.contains("not completed"));
+    assert!(dropped || timed_out, "slow peer not dropped: {r:?}");
+
+    owner.destroy_group(g, T).unwrap();
+    wait_until(|| leaf1.installed().is_empty());
+    leaf1.stop();
 }

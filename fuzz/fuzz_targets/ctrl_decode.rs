@@ -17,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
         match dec.next_frame() {
             Ok(Some(env)) => {
                 // Whatever decodes must re-encode.
-                let _ = inc_ctrl_proto::codec::encode_frame(&env).expect("re-encode");
+                let _ = inc_ctrl_proto::codec::encode(&env).expect("re-encode");
             }
             Ok(None) => break,
             Err(e) if e.is_recoverable() => {}

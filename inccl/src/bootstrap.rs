@@ -6,13 +6,15 @@
 //! endpoint, and a barrier confirms that every QP is up. Every wait is bounded by the
 //! group timeout and a timeout names the ranks that did not show up.
 //!
-//! Framing: 4-byte big-endian length + JSON [`BootMsg`].
+//! Framing: the controller protocol's (`inc_ctrl_proto::codec`: 4-byte big-endian
+//! length + JSON), carrying [`BootMsg`]s.
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
+use inc_ctrl_proto::codec::{self, CodecError, FrameBuffer};
 use inc_ctrl_proto::{ControllerClient, HostEndpoint, RankEndpoint};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
@@ -20,8 +22,6 @@ use tracing::{debug, info, warn};
 use crate::config::GroupConfig;
 use crate::error::{Error, Result};
 
-/// Largest bootstrap frame.
-const MAX_FRAME: usize = 1 << 20;
 /// Bound of a single controller request (creation waits for every switch).
 const CONTROLLER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -60,47 +60,40 @@ pub(crate) enum Phase {
 struct Conn {
     stream: TcpStream,
     peer: String,
-    buf: Vec<u8>,
+    frames: FrameBuffer,
 }
 
 impl Conn {
     fn new(stream: TcpStream) -> Self {
         stream.set_nodelay(true).ok();
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-        Conn { stream, peer, buf: Vec::new() }
+        Conn { stream, peer, frames: FrameBuffer::new() }
     }
 
     fn send(&mut self, msg: &BootMsg) -> io::Result<()> {
-        let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
-        let mut frame = Vec::with_capacity(4 + body.len());
-        frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&body);
+        let frame = codec::encode(msg).map_err(io::Error::other)?;
         self.stream.set_write_timeout(Some(Duration::from_secs(5)))?;
         self.stream.write_all(&frame)
     }
 
     fn take_frame(&mut self) -> io::Result<Option<BootMsg>> {
-        if self.buf.len() < 4 {
-            return Ok(None);
-        }
-        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
-        if len > MAX_FRAME {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("bootstrap frame of {len} bytes from {} is too large", self.peer),
-            ));
-        }
-        if self.buf.len() < 4 + len {
-            return Ok(None);
-        }
-        let msg = serde_json::from_slice(&self.buf[4..4 + len]).map_err(|e| {
+        let body = match self.frames.next_body() {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok(None),
+            Err(CodecError::TooLarge { len, .. }) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("bootstrap frame of {len} bytes from {} is too large", self.peer),
+                ))
+            }
+            Err(e) => return Err(io::Error::other(e)),
+        };
+        serde_json::from_slice(&body).map(Some).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("malformed bootstrap message from {}: {e}", self.peer),
             )
-        })?;
-        self.buf.drain(..4 + len);
-        Ok(Some(msg))
+        })
     }
 
     /// Next message before `deadline`: `Ok(None)` on timeout, `UnexpectedEof` if closed.
@@ -119,7 +112,7 @@ impl Conn {
                 Ok(0) => {
                     return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"))
                 }
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => self.frames.extend(&chunk[..n]),
                 Err(e)
                     if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) =>
                 {

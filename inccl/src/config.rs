@@ -3,7 +3,7 @@
 //! | variable | meaning |
 //! |---|---|
 //! | `INCCL_CONTROLLER` | controller address `host:port` (rank 0 only) |
-//! | `INCCL_TOKEN` | shared token the controller may require |
+//! | `INC_CONTROLLER_TOKEN` | host credential presented to the controller (rank 0; the controller's one token variable) |
 //! | `INCCL_MASTER_PORT` | bootstrap port of rank 0 when the master address has none (default 52223) |
 //! | `INCCL_TIMEOUT_MS` | bound of every bootstrap wait (default 30000) |
 //! | `INCCL_OP_TIMEOUT_MS` | a collective that makes no progress for this long fails (default 10000) |
@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::str::FromStr;
 use std::time::Duration;
 
-use inc_ctrl_proto::Mac;
+use inc_ctrl_proto::EthernetAddress;
 
 use crate::error::{Error, Result};
 
@@ -70,7 +70,7 @@ pub struct GroupConfig {
     /// Data-plane IPv4 address; overrides the interface's address.
     pub local_ip: Option<Ipv4Addr>,
     /// Data-plane MAC; overrides the interface's MAC.
-    pub local_mac: Option<Mac>,
+    pub local_mac: Option<EthernetAddress>,
 }
 
 impl GroupConfig {
@@ -102,7 +102,7 @@ impl GroupConfig {
         if let Some(v) = env_str("INCCL_CONTROLLER") {
             self.controller = Some(v);
         }
-        if let Some(v) = env_str("INCCL_TOKEN") {
+        if let Some(v) = env_str(inc_ctrl_proto::TOKEN_ENV) {
             self.token = Some(v);
         }
         if let Some(p) = env_parse::<u16>("INCCL_MASTER_PORT")? {

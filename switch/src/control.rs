@@ -142,7 +142,6 @@ mod tests {
     use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
     use inc_switch_io::memory::MemoryBackend;
     use inc_switch_io::Backend;
-    use inc_wire::EthernetAddress;
     use serde_json::Value;
 
     use super::*;
@@ -163,7 +162,7 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../topologies/1-4.yaml");
         let topo = Topology::load(path).unwrap();
         let hosts: Vec<_> = topo.hosts.iter().map(|h| h.addr.ip).collect();
-        let ctrl = Controller::start(ServiceConfig::new(topo.clone()), "127.0.0.1:0").unwrap();
+        let ctrl = Controller::start(ServiceConfig::insecure(topo.clone()), "127.0.0.1:0").unwrap();
         let addr = ctrl.local_addr().to_string();
 
         let plans = spec::resolve(&["sw0".parse().unwrap()], &[], Some(&topo)).unwrap();
@@ -173,11 +172,7 @@ mod tests {
         let ports: Vec<PortConfig> = plan
             .ports
             .iter()
-            .map(|p| PortConfig {
-                name: p.port.clone(),
-                ip: p.ip.unwrap(),
-                mac: EthernetAddress(p.mac.unwrap().0),
-            })
+            .map(|p| PortConfig { name: p.port.clone(), ip: p.ip.unwrap(), mac: p.mac.unwrap() })
             .collect();
         let infos = plan
             .ports

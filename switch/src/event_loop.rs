@@ -281,7 +281,7 @@ impl<B: Backend> EventLoop<B> {
                 let gp = s.port_base + lp;
                 let desc = &self.backend.ports()[gp];
                 let iface = desc.spec.label();
-                let mac = inc_ctrl_proto::Mac(desc.mac).to_string();
+                let mac = inc_wire::EthernetAddress(desc.mac).to_string();
                 let c = self.backend.port_counters(gp);
                 let detail = self.backend.port_detail(gp);
                 ports.push(json!({
@@ -404,7 +404,6 @@ mod tests {
             mtu: 1024,
             window: 4,
             slots: 8,
-            slot_base: 0,
             parent: None,
             connections: Vec::new(),
         };

@@ -90,8 +90,8 @@ struct RunArgs {
     /// (for a switch given without --port) the port list.
     #[arg(long)]
     topology: Option<PathBuf>,
-    /// Shared token expected by the controller.
-    #[arg(long, env = "INC_TOKEN")]
+    /// Switch credential (`inc-controller token --role switch`).
+    #[arg(long, env = inc_ctrl_proto::TOKEN_ENV)]
     token: Option<String>,
     /// Packet I/O backend.
     #[arg(long, value_enum, default_value = "af_packet")]

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use std::str::FromStr;
 
 use anyhow::{anyhow, bail};
-use inc_ctrl_proto::Mac;
+use inc_ctrl_proto::EthernetAddress;
 use inc_switch_io::PortSpec;
 use inc_topology::Topology;
 
@@ -57,7 +57,7 @@ pub struct PortArg {
     /// Address the switch serves on the port.
     pub ip: Option<Ipv4Addr>,
     /// MAC the switch uses on the port (default: the interface's).
-    pub mac: Option<Mac>,
+    pub mac: Option<EthernetAddress>,
 }
 
 impl FromStr for PortArg {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use crossbeam_channel::Sender;
-use inc_ctrl_proto::{Mac, PortInfo};
+use inc_ctrl_proto::PortInfo;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
 use inc_switch_io::{Backend, PortSpec, Waker};
 use inc_wire::EthernetAddress;
@@ -85,9 +85,9 @@ fn build<B: Backend>(
         let mut infos = Vec::new();
         for (lp, p) in plan.ports.iter().enumerate() {
             let desc = &backend.ports()[base + lp];
-            let mac = p.mac.unwrap_or(Mac(desc.mac));
+            let mac = p.mac.unwrap_or(EthernetAddress(desc.mac));
             let Some(ip) = p.ip else { bail!("port {}:{} has no address", plan.name, p.port) };
-            ports.push(PortConfig { name: p.port.clone(), ip, mac: EthernetAddress(mac.0) });
+            ports.push(PortConfig { name: p.port.clone(), ip, mac });
             infos.push(PortInfo { name: p.port.clone(), ip: Some(ip), mac: Some(mac) });
             info!(switch = %plan.name, port = %p.port, iface = %p.iface, %ip, %mac, "port");
         }

@@ -34,6 +34,52 @@ impl EthernetAddress {
     pub const fn is_unicast(&self) -> bool {
         !self.is_multicast() && !matches!(self.0, [0, 0, 0, 0, 0, 0])
     }
+    /// The deterministic address of `mac: auto` in topologies: `02:00:a:b:c:d` for
+    /// IPv4 `a.b.c.d`. Locally administered and unicast; the netns scripts assign
+    /// exactly these, so rules computed offline match the interfaces they create.
+    pub const fn from_ipv4(ip: core::net::Ipv4Addr) -> Self {
+        let o = ip.octets();
+        EthernetAddress([0x02, 0x00, o[0], o[1], o[2], o[3]])
+    }
+    /// The six bytes.
+    pub const fn octets(self) -> [u8; 6] {
+        self.0
+    }
+}
+
+/// Text form (`aa:bb:cc:dd:ee:ff`) in serde formats: the control plane's JSON and YAML.
+#[cfg(feature = "serde")]
+mod serde_text {
+    use core::fmt;
+
+    use serde::de::Visitor;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::EthernetAddress;
+
+    impl Serialize for EthernetAddress {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_str(self)
+        }
+    }
+
+    struct Text;
+
+    impl Visitor<'_> for Text {
+        type Value = EthernetAddress;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a MAC address like 02:00:00:00:00:01")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<EthernetAddress, E> {
+            v.parse().map_err(|_| E::custom(format_args!("invalid MAC address `{v}`")))
+        }
+    }
+
+    impl<'de> Deserialize<'de> for EthernetAddress {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_str(Text)
+        }
+    }
 }
 
 impl fmt::Display for EthernetAddress {
@@ -184,6 +230,14 @@ impl EthernetRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_mac_from_ipv4() {
+        let m = EthernetAddress::from_ipv4(core::net::Ipv4Addr::new(10, 1, 1, 21));
+        assert_eq!(m.to_string(), "02:00:0a:01:01:15");
+        assert!(m.is_unicast());
+        assert_eq!("2:0:a:1:1:15".parse::<EthernetAddress>(), Ok(m));
+    }
 
     #[test]
     fn mac_text_round_trip() {

@@ -1,8 +1,10 @@
-//! Framing: 4-byte big-endian length, then a JSON [`Envelope`].
+//! Framing: a 4-byte big-endian length, then a JSON body — an [`Envelope`] on the
+//! controller protocol, any serde message elsewhere (INCCL's bootstrap uses the same
+//! framing through [`encode`] and [`FrameBuffer`]).
 
 use std::io::{self, Read, Write};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Envelope, Message, PROTOCOL_VERSION};
 
@@ -61,10 +63,10 @@ impl CodecError {
     }
 }
 
-/// Encode an envelope into a complete frame (length prefix included).
-pub fn encode_frame(env: &Envelope) -> Result<Vec<u8>, CodecError> {
+/// Encode a message into a complete frame (length prefix included).
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     let mut buf = vec![0u8; 4];
-    serde_json::to_writer(&mut buf, env).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    serde_json::to_writer(&mut buf, msg).map_err(|e| CodecError::Malformed(e.to_string()))?;
     let len = buf.len() - 4;
     if len > MAX_FRAME {
         return Err(CodecError::TooLarge { len, max: MAX_FRAME });
@@ -133,7 +135,7 @@ pub fn read_frame<R: Read>(r: &mut R) -> Result<Envelope, CodecError> {
 
 /// Encode and write one frame.
 pub fn write_frame<W: Write>(w: &mut W, env: &Envelope) -> Result<(), CodecError> {
-    let frame = encode_frame(env)?;
+    let frame = encode(env)?;
     w.write_all(&frame)?;
     w.flush()?;
     Ok(())
@@ -144,12 +146,78 @@ pub fn write_message<W: Write>(w: &mut W, id: u64, body: Message) -> Result<(), 
     write_frame(w, &Envelope::new(id, body))
 }
 
-/// Incremental decoder over a byte stream (used by the fuzz target and by callers
-/// that read without blocking).
+/// Splits a byte stream into frame bodies without blocking: feed it what was read,
+/// take complete bodies out. The length is checked against [`MAX_FRAME`] before
+/// anything is buffered for the body.
+#[derive(Debug, Default)]
+pub struct FrameBuffer {
+    buf: Vec<u8>,
+    /// Bytes before `start` are consumed; compacted lazily so that many small frames
+    /// in one read do not shift the buffer once per frame.
+    start: usize,
+    /// Length of the oversized frame that ended the stream.
+    poisoned: Option<usize>,
+}
+
+impl FrameBuffer {
+    /// Empty buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Append received bytes.
+    pub fn extend(&mut self, data: &[u8]) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        if self.start > 0 && self.start >= self.buf.len() / 2 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Bytes received but not yet returned as a body (a partial frame).
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next complete body, `Ok(None)` if more bytes are needed. After a
+    /// [`CodecError::TooLarge`] the stream cannot be resynchronised and the buffer
+    /// keeps returning that error.
+    pub fn next_body(&mut self) -> Result<Option<Vec<u8>>, CodecError> {
+        if let Some(len) = self.poisoned {
+            return Err(CodecError::TooLarge { len, max: MAX_FRAME });
+        }
+        let rest = &self.buf[self.start..];
+        if rest.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len > MAX_FRAME {
+            self.poisoned = Some(len);
+            self.buf = Vec::new();
+            self.start = 0;
+            return Err(CodecError::TooLarge { len, max: MAX_FRAME });
+        }
+        if rest.len() < 4 + len {
+            return Ok(None);
+        }
+        let body = rest[4..4 + len].to_vec();
+        self.start += 4 + len;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        Ok(Some(body))
+    }
+}
+
+/// Incremental decoder of controller envelopes over a byte stream (used by the
+/// clients, which read with timeouts, and by the fuzz target).
 #[derive(Debug, Default)]
 pub struct FrameDecoder {
-    buf: Vec<u8>,
-    poisoned: bool,
+    frames: FrameBuffer,
 }
 
 impl FrameDecoder {
@@ -160,37 +228,21 @@ impl FrameDecoder {
 
     /// Append received bytes.
     pub fn extend(&mut self, data: &[u8]) {
-        if !self.poisoned {
-            self.buf.extend_from_slice(data);
-        }
+        self.frames.extend(data);
     }
 
     /// Bytes buffered but not yet consumed.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.frames.buffered()
     }
 
-    /// Next complete frame, `Ok(None)` if more bytes are needed. After a
-    /// [`CodecError::TooLarge`] the stream cannot be resynchronised and the decoder
-    /// keeps returning that error.
+    /// Next complete envelope, `Ok(None)` if more bytes are needed. After a
+    /// [`CodecError::TooLarge`] the decoder keeps returning that error.
     pub fn next_frame(&mut self) -> Result<Option<Envelope>, CodecError> {
-        if self.buf.len() < 4 {
-            return Ok(None);
+        match self.frames.next_body()? {
+            Some(body) => decode_body(&body).map(Some),
+            None => Ok(None),
         }
-        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
-        if len > MAX_FRAME {
-            self.poisoned = true;
-            self.buf.clear();
-            return Err(CodecError::TooLarge { len, max: MAX_FRAME });
-        }
-        if self.poisoned {
-            return Err(CodecError::TooLarge { len, max: MAX_FRAME });
-        }
-        if self.buf.len() < 4 + len {
-            return Ok(None);
-        }
-        let body: Vec<u8> = self.buf.drain(..4 + len).skip(4).collect();
-        decode_body(&body).map(Some)
     }
 }
 
@@ -219,12 +271,11 @@ mod tests {
                     mtu: 1024,
                     window: 64,
                     slots: 128,
-                    slot_base: 0,
                     parent: None,
                     connections: vec![crate::ConnectionRule {
                         port: "p1".into(),
                         local_ip: "10.1.1.1".parse().unwrap(),
-                        local_mac: crate::Mac([2, 0, 10, 1, 1, 1]),
+                        local_mac: crate::EthernetAddress([2, 0, 10, 1, 1, 1]),
                         local_qpn: 16,
                         local_udp_port: 0xC010,
                         local_start_psn: 0xfffff0,

@@ -10,13 +10,20 @@
 
 mod client;
 pub mod codec;
-mod mac;
 mod msg;
 mod rules;
 
+/// Environment variable holding the credential a client presents to the controller
+/// (the switch credential for `inc-switch`, the host credential for INCCL's rank 0
+/// and `inc-controller status`).
+pub const TOKEN_ENV: &str = "INC_CONTROLLER_TOKEN";
+
 pub use client::{ClientError, ControllerClient, Push, PushRequest, SwitchSession};
-pub use codec::{CodecError, FrameDecoder, MAX_FRAME};
-pub use mac::{Mac, ParseMacError};
+pub use codec::{CodecError, FrameBuffer, FrameDecoder, MAX_FRAME};
+/// The control plane's former name of [`EthernetAddress`], kept until its last users
+/// (the INCCL transports, engine tests, simulation plan) are renamed.
+pub use inc_wire::EthernetAddress as Mac;
+pub use inc_wire::{EthernetAddress, ParseEthernetAddressError};
 pub use msg::{
     CommunicatorStatus, Envelope, GroupStatus, Message, StatusReport, SwitchStatus,
     PROTOCOL_VERSION,

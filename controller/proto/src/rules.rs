@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::Mac;
+use crate::EthernetAddress;
 
 /// UDP destination port of RoCEv2.
 pub const ROCE_UDP_PORT: u16 = 4791;
@@ -54,7 +54,7 @@ pub struct ConnectionRule {
     /// IP address of that port.
     pub local_ip: Ipv4Addr,
     /// MAC address of that port.
-    pub local_mac: Mac,
+    pub local_mac: EthernetAddress,
     /// Switch-side QPN: 24-bit, never 0 or 1, unique on this switch across live communicators.
     pub local_qpn: u32,
     /// UDP source port the switch uses on this connection.
@@ -66,7 +66,7 @@ pub struct ConnectionRule {
     /// Peer IP address.
     pub peer_ip: Ipv4Addr,
     /// Peer MAC; `None` means learn it (ARP).
-    pub peer_mac: Option<Mac>,
+    pub peer_mac: Option<EthernetAddress>,
     /// Peer QPN (destination QP of packets the switch sends).
     pub peer_qpn: u32,
     /// UDP destination port to send to (4791 for switches and kernel RoCE hosts).
@@ -92,10 +92,6 @@ pub struct SwitchRules {
     pub window: u32,
     /// S: slots for this communicator on this switch (S >= 2W).
     pub slots: u32,
-    /// First slot of this communicator's pool in the switch's slot space; pools of live
-    /// communicators on one switch never overlap.
-    #[serde(default)]
-    pub slot_base: u32,
     /// Index into `connections` of the connection towards the parent; `None` at the
     /// root of this communicator's spanning tree.
     pub parent: Option<usize>,
@@ -134,7 +130,7 @@ pub struct RankEndpoint {
     pub ip: Ipv4Addr,
     /// Host MAC if known; overrides the topology's.
     #[serde(default)]
-    pub mac: Option<Mac>,
+    pub mac: Option<EthernetAddress>,
     /// Host QPN.
     pub qpn: u32,
     /// First PSN the host sends.
@@ -158,7 +154,7 @@ pub struct HostEndpoint {
     /// Switch port IP (the RC destination).
     pub switch_ip: Ipv4Addr,
     /// Switch port MAC.
-    pub switch_mac: Mac,
+    pub switch_mac: EthernetAddress,
     /// Switch-side QPN to connect to.
     pub switch_qpn: u32,
     /// UDP source port the switch sends from.
@@ -189,5 +185,5 @@ pub struct PortInfo {
     pub ip: Option<Ipv4Addr>,
     /// MAC of the interface, if known.
     #[serde(default)]
-    pub mac: Option<Mac>,
+    pub mac: Option<EthernetAddress>,
 }

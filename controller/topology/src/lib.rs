@@ -23,5 +23,7 @@ pub use model::{
 pub const DEFAULT_LINK_MTU: u32 = 9000;
 /// Default slot capacity of a switch (across all communicators).
 pub const DEFAULT_MAX_SLOTS: u32 = 1 << 20;
+/// Default slot-buffer budget of a switch (across all communicators).
+pub const DEFAULT_MAX_SLOT_MEMORY: u64 = 1 << 28;
 /// Name of the controller element (namespace `P-ctrl`).
 pub const CONTROLLER_NAME: &str = "ctrl";

@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::Path;
 
-use inc_ctrl_proto::Mac;
+use inc_ctrl_proto::EthernetAddress;
 use marked_yaml::{LoaderOptions, Spanned};
 
 use crate::error::{TopologyError, TopologyIssue};
@@ -66,8 +66,8 @@ pub struct Port {
     pub name: String,
     /// Address served by the switch on this port (never configured in the kernel).
     pub addr: IfAddr,
-    /// MAC (resolved: `auto` becomes [`Mac::from_ipv4`]).
-    pub mac: Mac,
+    /// MAC (resolved: `auto` becomes [`EthernetAddress::from_ipv4`]).
+    pub mac: EthernetAddress,
 }
 
 /// A switch.
@@ -81,6 +81,13 @@ pub struct Switch {
     pub mgmt: Ipv4Addr,
     /// Slot capacity across communicators.
     pub max_slots: u32,
+    /// Largest window a communicator may use on this switch.
+    pub max_window: u32,
+    /// Largest payload size a communicator may use on this switch.
+    pub max_mtu: u16,
+    /// Bytes of slot buffers all communicators together may take on this switch
+    /// (counted as slots x mtu x fan-in, the most the switch allocates).
+    pub max_slot_memory: u64,
     /// Data-plane ports.
     pub ports: Vec<Port>,
 }
@@ -111,9 +118,9 @@ pub struct Host {
     /// Data-plane address.
     pub addr: IfAddr,
     /// MAC; `None` for `mac: learn` (switches resolve it by ARP).
-    pub mac: Option<Mac>,
+    pub mac: Option<EthernetAddress>,
     /// MAC the netns scripts assign (auto MAC when `learn`).
-    pub if_mac: Mac,
+    pub if_mac: EthernetAddress,
     /// Management address.
     pub mgmt: Ipv4Addr,
     /// Switch port the host is attached to.

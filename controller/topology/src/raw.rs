@@ -49,6 +49,12 @@ pub(crate) struct RawSwitch {
     pub(crate) mgmt: Option<S<String>>,
     #[serde(default)]
     pub(crate) max_slots: Option<S<u32>>,
+    #[serde(default)]
+    pub(crate) max_window: Option<S<u32>>,
+    #[serde(default)]
+    pub(crate) max_mtu: Option<S<u16>>,
+    #[serde(default)]
+    pub(crate) max_slot_memory: Option<S<u64>>,
     pub(crate) ports: Vec<RawPort>,
 }
 

@@ -87,8 +87,9 @@ impl Fabric {
     }
 
     fn start_here(topology: Topology) -> Fabric {
-        let controller = Controller::start(ServiceConfig::new(topology.clone()), "127.0.0.1:0")
-            .expect("controller");
+        let controller =
+            Controller::start(ServiceConfig::insecure(topology.clone()), "127.0.0.1:0")
+                .expect("controller");
         let controller_addr = controller.local_addr().to_string();
         let stop = Arc::new(AtomicBool::new(false));
         let (push_tx, push_rx) = mpsc::channel::<PushMsg>();

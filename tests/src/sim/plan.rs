@@ -224,9 +224,6 @@ mod tests {
             assert_eq!(comms[0].compiled.endpoints.len(), all.len());
             assert_eq!(comms[1].compiled.endpoints.len(), sub.len());
             assert!(comms[1].compiled.rules.iter().all(|r| r.mtu == 256 && r.window == 8));
-            // Communicator 3 reuses what communicator 1 released (slot pools first).
-            let base = |c: &CompiledComm| c.compiled.rules.iter().map(|r| r.slot_base).min();
-            assert_eq!(base(&comms[2]), base(&comms[0]));
         }
     }
 }

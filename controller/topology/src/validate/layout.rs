@@ -3,7 +3,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 
-use inc_ctrl_proto::Mac;
+use inc_ctrl_proto::EthernetAddress;
 
 use super::{parse_ifaddr, resolve, Validator, NO_ADDR};
 use crate::model::{pos, Host, IfAddr, Link, Switch, TreeNode};
@@ -87,7 +87,7 @@ impl Validator<'_> {
             self.claim_ip(&h.ip, &el, addr.ip);
             let parsed = self.parse_mac(&h.mac, addr.ip, &el, true);
             let mac = parsed.unwrap_or(None);
-            let if_mac = mac.unwrap_or(Mac::from_ipv4(addr.ip));
+            let if_mac = mac.unwrap_or(EthernetAddress::from_ipv4(addr.ip));
             if parsed.is_ok() {
                 self.claim_mac(h.mac.as_ref().unwrap_or(&h.ip), &el, if_mac);
             }

@@ -10,20 +10,20 @@ mod layout;
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use inc_ctrl_proto::{Mac, MAX_WINDOW, VALID_MTUS};
+use inc_ctrl_proto::{EthernetAddress, MAX_WINDOW, VALID_MTUS};
 use marked_yaml::Spanned;
 
 use crate::error::{TopologyError, TopologyIssue};
 use crate::model::{pos, Defaults, IfAddr, Port, PortRef, Switch, Topology};
-use crate::raw::{RawDefaults, RawTopology, S};
-use crate::{CONTROLLER_NAME, DEFAULT_LINK_MTU, DEFAULT_MAX_SLOTS};
+use crate::raw::{RawDefaults, RawSwitch, RawTopology, S};
+use crate::{CONTROLLER_NAME, DEFAULT_LINK_MTU, DEFAULT_MAX_SLOTS, DEFAULT_MAX_SLOT_MEMORY};
 
 pub(crate) struct Validator<'a> {
     file: &'a str,
     issues: Vec<TopologyIssue>,
     /// Data-plane IPs and MACs seen so far, with the element that uses them.
     ips: HashMap<Ipv4Addr, String>,
-    macs: HashMap<Mac, String>,
+    macs: HashMap<EthernetAddress, String>,
     /// Switch ports taken by a link or a host.
     used: HashMap<PortRef, String>,
 }
@@ -111,13 +111,13 @@ impl<'a> Validator<'a> {
         ip: Ipv4Addr,
         el: &str,
         allow_learn: bool,
-    ) -> Result<Option<Mac>, ()> {
+    ) -> Result<Option<EthernetAddress>, ()> {
         match m {
-            None => Ok(Some(Mac::from_ipv4(ip))),
-            Some(s) if s.as_str() == "auto" => Ok(Some(Mac::from_ipv4(ip))),
+            None => Ok(Some(EthernetAddress::from_ipv4(ip))),
+            Some(s) if s.as_str() == "auto" => Ok(Some(EthernetAddress::from_ipv4(ip))),
             Some(s) if allow_learn && s.as_str() == "learn" => Ok(None),
-            Some(s) => match s.parse::<Mac>() {
-                Ok(mac) if mac.is_multicast() || mac == Mac([0; 6]) => {
+            Some(s) => match s.parse::<EthernetAddress>() {
+                Ok(mac) if mac.is_multicast() || mac == EthernetAddress([0; 6]) => {
                     self.issue(s, el, format!("MAC {mac} is not a unicast address"));
                     Err(())
                 }
@@ -144,7 +144,7 @@ impl<'a> Validator<'a> {
     }
 
     /// Remember a MAC; reports a duplicate.
-    fn claim_mac(&mut self, at: &S<String>, el: &str, mac: Mac) {
+    fn claim_mac(&mut self, at: &S<String>, el: &str, mac: EthernetAddress) {
         if let Some(o) = self.macs.insert(mac, el.to_string()) {
             self.issue(at, el, format!("duplicate MAC {mac} (also {o})"));
         }
@@ -306,11 +306,15 @@ impl<'a> Validator<'a> {
                 }
                 ports.push(Port { name: p.name.to_string(), addr, mac });
             }
+            let (max_slots, max_window, max_mtu, max_slot_memory) = self.switch_limits(s, &sel);
             switches.push(Switch {
                 id: *s.id,
                 name: s.name.to_string(),
                 mgmt: Ipv4Addr::UNSPECIFIED,
-                max_slots: s.max_slots.as_ref().map(|m| **m).unwrap_or(DEFAULT_MAX_SLOTS),
+                max_slots,
+                max_window,
+                max_mtu,
+                max_slot_memory,
                 ports,
             });
         }
@@ -318,6 +322,46 @@ impl<'a> Validator<'a> {
             self.issue(&raw.name, "topology", "no switches");
         }
         switches
+    }
+}
+
+impl Validator<'_> {
+    /// `max_slots`, `max_window`, `max_mtu`, `max_slot_memory` of a switch: what the
+    /// controller lets hosts ask of it.
+    fn switch_limits(&mut self, s: &RawSwitch, el: &str) -> (u32, u32, u16, u64) {
+        let mut slots = DEFAULT_MAX_SLOTS;
+        if let Some(v) = &s.max_slots {
+            if **v < 2 {
+                self.issue(v, el, "max_slots must be at least 2 (one window of 1)");
+            } else {
+                slots = **v;
+            }
+        }
+        let mut window = MAX_WINDOW;
+        if let Some(v) = &s.max_window {
+            if **v == 0 || **v > MAX_WINDOW {
+                self.issue(v, el, format!("max_window must be 1..={MAX_WINDOW}"));
+            } else {
+                window = **v;
+            }
+        }
+        let mut mtu = *VALID_MTUS.last().expect("not empty");
+        if let Some(v) = &s.max_mtu {
+            if !VALID_MTUS.contains(&**v) {
+                self.issue(v, el, format!("max_mtu {} must be one of {VALID_MTUS:?}", **v));
+            } else {
+                mtu = **v;
+            }
+        }
+        let mut memory = DEFAULT_MAX_SLOT_MEMORY;
+        if let Some(v) = &s.max_slot_memory {
+            if **v < 1 << 20 {
+                self.issue(v, el, "max_slot_memory must be at least 1048576 bytes");
+            } else {
+                memory = **v;
+            }
+        }
+        (slots, window, mtu, memory)
     }
 }
 

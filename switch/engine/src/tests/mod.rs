@@ -109,7 +109,6 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
             mtu: t.mtu,
             window: t.window,
             slots: 2 * t.window,
-            slot_base: 0,
             parent: None,
             connections: Vec::new(),
         })

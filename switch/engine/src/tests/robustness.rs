@@ -64,7 +64,6 @@ fn reject_bad_rules() {
         mtu: 256,
         window: 4,
         slots: 8,
-        slot_base: 0,
         parent: None,
         connections: vec![],
     };

@@ -1,0 +1,333 @@
+//! Credentials: one secret per role, kept in a token file the controller creates.
+//!
+//! A *switch credential* lets a connection register a switch; a *host credential*
+//! lets it create groups and communicators and read the status. Clients present
+//! theirs in [`TOKEN_ENV`] (or `--token`). The controller keeps only SHA-256 digests
+//! and compares digests in constant time, so neither the content nor the length of a
+//! presented token shows in the time an answer takes.
+
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use rand::RngCore as _;
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+
+pub use inc_ctrl_proto::TOKEN_ENV;
+
+/// What a credential allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Register switches and answer rule pushes.
+    Switch,
+    /// Create and destroy groups and communicators, read the status.
+    Host,
+}
+
+impl Role {
+    /// Name used in the token file and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Switch => "switch",
+            Role::Host => "host",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors reading or creating a token file.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The file could not be read or written.
+    #[error("token file {path}: {source}")]
+    Io {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// Group or others may read the file.
+    #[error(
+        "token file {path} is readable by group or others (mode {mode:o}); run `chmod 600 {path}`"
+    )]
+    Exposed {
+        /// File.
+        path: PathBuf,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// The content is not `switch <token>` and `host <token>` lines.
+    #[error("token file {path}:{line}: {reason}")]
+    Malformed {
+        /// File.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Shortest secret accepted from a token file: guessing must stay hopeless.
+const MIN_TOKEN_LEN: usize = 16;
+
+/// The two secrets of a controller.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    switch: String,
+    host: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Secrets never reach logs.
+        f.write_str("Credentials { .. }")
+    }
+}
+
+fn random_token(role: Role) -> String {
+    let mut b = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("inc-{}-{hex}", role.name())
+}
+
+impl Credentials {
+    /// Fresh random credentials (256 bits each, from the OS).
+    pub fn generate() -> Self {
+        Credentials { switch: random_token(Role::Switch), host: random_token(Role::Host) }
+    }
+
+    /// Explicit credentials (tests, embedding).
+    pub fn new(switch: impl Into<String>, host: impl Into<String>) -> Self {
+        Credentials { switch: switch.into(), host: host.into() }
+    }
+
+    /// The credential of a role.
+    pub fn token(&self, role: Role) -> &str {
+        match role {
+            Role::Switch => &self.switch,
+            Role::Host => &self.host,
+        }
+    }
+
+    /// Token file content.
+    pub fn render(&self) -> String {
+        format!(
+            "# inc-controller credentials: keep this file private (mode 0600)\nswitch {}\nhost {}\n",
+            self.switch, self.host
+        )
+    }
+
+    /// Parse token file content (`path` names the file in errors).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, CredentialsError> {
+        let bad = |line: usize, reason: String| CredentialsError::Malformed {
+            path: path.to_path_buf(),
+            line,
+            reason,
+        };
+        let (mut switch, mut host) = (None, None);
+        for (i, l) in text.lines().enumerate() {
+            let l = l.trim();
+            if l.is_empty() || l.starts_with('#') {
+                continue;
+            }
+            let (role, token) = l
+                .split_once(char::is_whitespace)
+                .ok_or_else(|| bad(i + 1, "expected `switch TOKEN` or `host TOKEN`".into()))?;
+            let token = token.trim();
+            if token.len() < MIN_TOKEN_LEN || token.chars().any(char::is_whitespace) {
+                return Err(bad(
+                    i + 1,
+                    format!("{role} token must be at least {MIN_TOKEN_LEN} characters, no spaces"),
+                ));
+            }
+            let slot = match role {
+                "switch" => &mut switch,
+                "host" => &mut host,
+                other => return Err(bad(i + 1, format!("unknown role `{other}`"))),
+            };
+            if slot.replace(token.to_string()).is_some() {
+                return Err(bad(i + 1, format!("second `{role}` line")));
+            }
+        }
+        match (switch, host) {
+            (Some(switch), Some(host)) if switch != host => Ok(Credentials { switch, host }),
+            (Some(_), Some(_)) => Err(bad(0, "switch and host tokens must differ".into())),
+            _ => Err(bad(0, "needs one `switch TOKEN` and one `host TOKEN` line".into())),
+        }
+    }
+
+    /// Read the token file, or create it (mode 0600, never overwriting) with fresh
+    /// credentials when it does not exist. Returns whether it was created.
+    pub fn load_or_create(path: &Path) -> Result<(Self, bool), CredentialsError> {
+        let io_err = |source| CredentialsError::Io { path: path.to_path_buf(), source };
+        match Self::load(path) {
+            Err(CredentialsError::Io { source, .. })
+                if source.kind() == io::ErrorKind::NotFound => {}
+            other => return other.map(|c| (c, false)),
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(io_err)?;
+        }
+        let creds = Credentials::generate();
+        // create_new: a file (or symlink) planted at the path is never followed.
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(io_err)?;
+        f.write_all(creds.render().as_bytes()).map_err(io_err)?;
+        f.sync_all().map_err(io_err)?;
+        Ok((creds, true))
+    }
+
+    /// Read a token file; refuses one that group or others can read.
+    pub fn load(path: &Path) -> Result<Self, CredentialsError> {
+        let io_err = |source| CredentialsError::Io { path: path.to_path_buf(), source };
+        let meta = fs::metadata(path).map_err(io_err)?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(CredentialsError::Exposed { path: path.to_path_buf(), mode });
+        }
+        // Another user's file is not ours to trust (root may read anything).
+        let uid = nix::unistd::Uid::effective();
+        if !uid.is_root() && meta.uid() != uid.as_raw() {
+            return Err(CredentialsError::Io {
+                path: path.to_path_buf(),
+                source: io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("owned by uid {}, not by this user", meta.uid()),
+                ),
+            });
+        }
+        let text = fs::read_to_string(path).map_err(io_err)?;
+        Self::parse(path, &text)
+    }
+}
+
+type TokenDigest = [u8; 32];
+
+fn digest(token: &str) -> TokenDigest {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Who may do what: either every connection may do everything (`--insecure`) or a
+/// connection must present a credential.
+#[derive(Clone)]
+pub enum Auth {
+    /// No credentials required; every connection has every role.
+    Insecure,
+    /// Digests of the switch and host credentials.
+    Required {
+        /// SHA-256 of the switch credential.
+        switch: TokenDigest,
+        /// SHA-256 of the host credential.
+        host: TokenDigest,
+    },
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Auth::Insecure => f.write_str("Insecure"),
+            Auth::Required { .. } => f.write_str("Required { .. }"),
+        }
+    }
+}
+
+impl Auth {
+    /// Require the given credentials.
+    pub fn required(c: &Credentials) -> Self {
+        Auth::Required { switch: digest(&c.switch), host: digest(&c.host) }
+    }
+
+    /// Whether connections must authenticate.
+    pub fn is_required(&self) -> bool {
+        matches!(self, Auth::Required { .. })
+    }
+
+    /// The role a presented token grants, if any. Both digests are always compared,
+    /// in constant time, so timing tells nothing about the token or which role it
+    /// nearly matched.
+    pub fn role_of(&self, presented: Option<&str>) -> Option<Role> {
+        match self {
+            Auth::Insecure => None,
+            Auth::Required { switch, host } => {
+                let d = digest(presented.unwrap_or(""));
+                let is_switch = d.ct_eq(switch);
+                let is_host = d.ct_eq(host);
+                if bool::from(is_switch) {
+                    Some(Role::Switch)
+                } else if bool::from(is_host) {
+                    Some(Role::Host)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_from_tokens() {
+        let c = Credentials::new("switch-secret-0123456789", "host-secret-0123456789");
+        let a = Auth::required(&c);
+        assert_eq!(a.role_of(Some(c.token(Role::Switch))), Some(Role::Switch));
+        assert_eq!(a.role_of(Some(c.token(Role::Host))), Some(Role::Host));
+        assert_eq!(a.role_of(Some("host-secret-012345678")), None);
+        assert_eq!(a.role_of(Some("")), None);
+        assert_eq!(a.role_of(None), None);
+        assert_eq!(Auth::Insecure.role_of(Some("x")), None);
+        assert!(!format!("{c:?}{a:?}").contains("secret"), "secrets stay out of logs");
+    }
+
+    #[test]
+    fn token_file_is_created_private_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("inc-auth-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let path = dir.join("sub/token");
+        let (c, created) = Credentials::load_or_create(&path).unwrap();
+        assert!(created);
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(c.token(Role::Switch).starts_with("inc-switch-"));
+        assert_eq!(c.token(Role::Host).len(), "inc-host-".len() + 64);
+        let (again, created) = Credentials::load_or_create(&path).unwrap();
+        assert!(!created);
+        assert_eq!(again, c);
+
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Credentials::load(&path).unwrap_err().to_string();
+        assert!(e.contains("chmod 600"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn malformed_token_files_name_the_line() {
+        let p = Path::new("t");
+        let e = Credentials::parse(p, "switch abcdefghijklmnopq\nhost short\n").unwrap_err();
+        assert!(e.to_string().contains("t:2") && e.to_string().contains("16"), "{e}");
+        let e = Credentials::parse(p, "switch abcdefghijklmnopq\n").unwrap_err();
+        assert!(e.to_string().contains("host TOKEN"), "{e}");
+        let e = Credentials::parse(p, "switch abcdefghijklmnopq\nhost abcdefghijklmnopq\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("differ"), "{e}");
+        let e = Credentials::parse(p, "admin abcdefghijklmnopq\n").unwrap_err();
+        assert!(e.to_string().contains("unknown role `admin`"), "{e}");
+        let c = Credentials::parse(p, "# c\nswitch abcdefghijklmnopq\nhost abcdefghijklmnopr\n");
+        assert_eq!(c.unwrap().token(Role::Host), "abcdefghijklmnopr");
+    }
+}
