@@ -277,12 +277,17 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
             let (backend, _net) = MemoryBackend::new(specs, 4096);
             run_with(backend, &plans, &shared)
         }
-        BackendKind::Dpdk => run_dpdk(&plans, &shared, &args),
+        BackendKind::Dpdk => run_dpdk(&groups, &plans, &shared, &args),
     }
 }
 
 #[cfg(feature = "dpdk")]
-fn run_dpdk(plans: &[SwitchPlan], shared: &workers::Shared, args: &RunArgs) -> anyhow::Result<()> {
+fn run_dpdk(
+    groups: &[Vec<usize>],
+    plans: &[SwitchPlan],
+    shared: &workers::Shared,
+    args: &RunArgs,
+) -> anyhow::Result<()> {
     use inc_switch_io::dpdk::{DpdkBackend, DpdkConfig, VdevDriver};
     let cfg = DpdkConfig {
         eal_args: args.dpdk_args.split_whitespace().map(str::to_string).collect(),
@@ -293,16 +298,21 @@ fn run_dpdk(plans: &[SwitchPlan], shared: &workers::Shared, args: &RunArgs) -> a
         tx_batch: args.tx_batch,
         idle_sleep_max: std::time::Duration::from_micros(args.dpdk_idle_max_us),
         promiscuous: !args.no_promisc,
+        // EAL is initialised once, by the first worker's backend, for every port.
+        process_ports: plans.iter().map(|p| p.ports.len()).sum(),
         ..DpdkConfig::default()
     };
-    // EAL is initialised once per process and owns every port: one worker.
-    let specs = workers::group_specs(plans, &(0..plans.len()).collect::<Vec<_>>());
-    let backend = DpdkBackend::open(&specs, cfg).context("opening DPDK ports")?;
-    run_with(backend, plans, shared)
+    let open = |s: &[PortSpec]| DpdkBackend::open(s, cfg.clone());
+    run_sharded(open, "DPDK", groups, plans, shared)
 }
 
 #[cfg(not(feature = "dpdk"))]
-fn run_dpdk(_: &[SwitchPlan], _: &workers::Shared, _: &RunArgs) -> anyhow::Result<()> {
+fn run_dpdk(
+    _: &[Vec<usize>],
+    _: &[SwitchPlan],
+    _: &workers::Shared,
+    _: &RunArgs,
+) -> anyhow::Result<()> {
     bail!(
         "this inc-switch was built without DPDK support; build it with \
          `cargo build --release -p inc-switch --features dpdk` (needs libdpdk-dev: \

@@ -64,6 +64,9 @@ pub struct DpdkConfig {
     pub idle_sleep_max: Duration,
     /// Put ports in promiscuous mode (left again on close).
     pub promiscuous: bool,
+    /// Ports of every DPDK backend this process opens (several workers each open one),
+    /// for sizing EAL memory at the first open; 0 means just this backend's.
+    pub process_ports: usize,
 }
 
 impl Default for DpdkConfig {
@@ -76,6 +79,7 @@ impl Default for DpdkConfig {
             vdev_frames: 512,
             idle_sleep_max: Duration::from_micros(500),
             promiscuous: true,
+            process_ports: 0,
         }
     }
 }
@@ -231,7 +235,8 @@ impl DpdkBackend {
         let guess_frame =
             kernel.iter().flatten().map(|k| k.mtu as usize + 18).max().unwrap_or(1518);
         let desc = usize::from(config.descriptors);
-        let worst_mbufs = specs.len() * 2 * desc + 4096;
+        let all_ports = config.process_ports.max(specs.len());
+        let worst_mbufs = all_ports * 2 * desc + 4096 * all_ports.div_ceil(specs.len().max(1));
         let need_mb = (worst_mbufs * (frame_slot(guess_frame) + 512)).div_ceil(1 << 20) + 64;
         let args = effective_eal_args(&config.eal_args, first_cpu(), need_mb as u32);
         dpdk_ffi::eal_init(&args)?;
@@ -484,11 +489,8 @@ impl Backend for DpdkBackend {
             return Ok(());
         }
         lower_timer_slack();
-        let mut pfd = libc::pollfd {
-            fd: self.wake.fd().as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let fd = self.wake.fd().as_fd().as_raw_fd();
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         let ts = libc::timespec {
             tv_sec: nap.as_secs() as libc::time_t,
             tv_nsec: libc::c_long::from(nap.subsec_nanos() as i32),

@@ -1,6 +1,6 @@
 //! Root-only tests of the DPDK backend over a veth pair in a fresh network namespace
 //! (EAL `--no-huge --no-pci`, af_packet vdevs hot-plugged inside the namespace).
-//! Skipped when not root, except with CI=true where that is a failure.
+//! Skipped when not root, except with CI=true where that is a failure (inc-test-support).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -21,13 +21,7 @@ struct VethNs(String);
 
 impl VethNs {
     fn new(tag: &str) -> Option<Self> {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let root = status
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-        if !root {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true but not root");
-            eprintln!("SKIP: DPDK veth test needs root");
+        if !inc_test_support::netns_ready(&format!("inc-switch-io dpdk veth test {tag}")) {
             return None;
         }
         let name = format!("incdpdk{tag}{}", std::process::id());
