@@ -81,20 +81,21 @@ fn compose_1_2_4_every_collective_and_a_stopped_switch() {
         s
     });
     let start = Instant::now();
-    let mut status = None;
-    while status.is_none() {
-        status = child.try_wait().expect("wait for compose-demo");
-        if status.is_none() && start.elapsed() > DEADLINE {
+    let mut killed = false;
+    while child.try_wait().expect("wait for compose-demo").is_none() {
+        if start.elapsed() > DEADLINE {
             // SIGTERM: the script's trap removes the containers and networks.
             let pgid = format!("-{}", child.id());
             let _ = Command::new("kill").args(["-TERM", "--", &pgid]).status();
             std::thread::sleep(Duration::from_secs(30));
             let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
-            let _ = child.wait();
+            killed = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    let status = child.wait().expect("wait for compose-demo");
+    let status = (!killed).then_some(status);
     let (stdout, stderr) = (out_t.join().unwrap_or_default(), err_t.join().unwrap_or_default());
     let transcript = format!("status {status:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
     eprintln!("{transcript}");
