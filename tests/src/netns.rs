@@ -45,9 +45,14 @@ pub fn build_binaries() -> Result<(), String> {
                 return Ok(());
             }
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            // With libdpdk present the one switch binary also has the dpdk backend, so
+            // the dpdk and the other e2e tests never rebuild it back and forth.
+            let features: &[&str] =
+                if dpdk_available() { &["--features", "inc-switch/dpdk"] } else { &[] };
             let out = Command::new(cargo)
                 .args(["build", "--quiet", "--profile", "test", "--bins"])
                 .args(["-p", "inc-switch", "-p", "inc-controller", "-p", "inccl-hosts"])
+                .args(features)
                 .current_dir(repo_root())
                 .output()
                 .map_err(|e| format!("cannot run cargo: {e}"))?;
@@ -58,6 +63,12 @@ pub fn build_binaries() -> Result<(), String> {
             }
         })
         .clone()
+}
+
+/// True if the system DPDK development files are installed (`pkg-config libdpdk`):
+/// then [`build_binaries`] builds the switch with its `dpdk` backend.
+pub fn dpdk_available() -> bool {
+    Command::new("pkg-config").args(["--exists", "libdpdk"]).status().is_ok_and(|s| s.success())
 }
 
 /// Why end-to-end tests cannot run here, if they cannot. Builds the binaries first

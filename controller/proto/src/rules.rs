@@ -139,7 +139,8 @@ pub struct RankEndpoint {
     pub qpn: u32,
     /// First PSN the host sends.
     pub start_psn: u32,
-    /// UDP port the host receives RoCEv2 on (4791 for kernel RoCE).
+    /// UDP port the host receives RoCEv2 on: 4791 (kernel RoCE, RDMA NICs, and the
+    /// userspace transport unless another process on the same IP holds 4791).
     pub udp_port: u16,
 }
 
