@@ -78,6 +78,8 @@ rxe_run_archive() {
     mkdir -p "$r/inc"
     for b in "$@"; do
         cp -L "$b" "$r/inc/" && _rxe_copy_libs "$r" "$b"
+        # debug info would make the archive (and the guest's unpacking) many times larger
+        strip --strip-debug "$r/inc/$(basename "$b")"
     done
     install -m 755 "$dir/run" "$r/inc/run"
     (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 >"$out"
