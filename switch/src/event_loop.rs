@@ -283,7 +283,10 @@ impl<B: Backend> EventLoop<B> {
                 let iface = desc.spec.label();
                 let mac = inc_ctrl_proto::Mac(desc.mac).to_string();
                 let c = self.backend.port_counters(gp);
-                ports.push(json!({ "name": name, "iface": iface, "mac": mac, "io": c }));
+                let detail = self.backend.port_detail(gp);
+                ports.push(json!({
+                    "name": name, "iface": iface, "mac": mac, "io": c, "detail": detail,
+                }));
             }
             switches.push(json!({
                 "switch_id": s.id,

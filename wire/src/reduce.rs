@@ -232,12 +232,26 @@ mod tests {
         assert_eq!(combine_element(Operator::Max, DataType::Int32, u32::MAX, 1), 1);
     }
 
+    #[test]
+    fn uneven_lengths_convert_whole_common_elements() {
+        // 18 elements (a block and a tail) against 17 and a stray byte.
+        let src: Vec<u8> = (0..73u8).collect();
+        let mut dst = vec![0xAAu8; 70];
+        assert_eq!(to_network(DataType::Int32, &src, &mut dst), 17);
+        assert_eq!(&dst[64..68], &[67, 66, 65, 64]);
+        assert_eq!(&dst[68..], &[0xAA, 0xAA], "bytes beyond whole elements untouched");
+        let mut acc = vec![0u8; 73];
+        assert_eq!(combine_be(Operator::Sum, DataType::Int32, &mut acc, &src[..70]), 17);
+        assert_eq!(&acc[64..68], &src[64..68]);
+        assert_eq!(&acc[68..], &[0; 5]);
+    }
+
     proptest! {
         #[test]
         fn kernels_match_reference(
             op in op_strategy(),
             dtype in dtype_strategy(),
-            pairs in proptest::collection::vec((element(), element()), 0..64),
+            pairs in proptest::collection::vec((element(), element()), 0..80),
         ) {
             let mut acc: Vec<u8> = pairs.iter().flat_map(|p| p.0.to_be_bytes()).collect();
             let other: Vec<u8> = pairs.iter().flat_map(|p| p.1.to_be_bytes()).collect();
@@ -252,7 +266,7 @@ mod tests {
         }
 
         #[test]
-        fn byte_order_round_trip(vals in proptest::collection::vec(any::<u32>(), 0..32)) {
+        fn byte_order_round_trip(vals in proptest::collection::vec(any::<u32>(), 0..80)) {
             let native: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
             let mut net = vec![0u8; native.len()];
             prop_assert_eq!(to_network(DataType::Int32, &native, &mut net), vals.len());

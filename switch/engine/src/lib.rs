@@ -8,7 +8,8 @@
 
 mod comm;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::{Peer, SwitchRules, VALID_MTUS};
@@ -256,10 +257,13 @@ const ARP_FRAME_LEN: usize = 60;
 #[derive(Debug)]
 pub struct SwitchEngine {
     cfg: SwitchEngineConfig,
-    comms: BTreeMap<u32, Comm>,
-    qpns: HashMap<u32, (u32, usize)>,
-    tx_order: Vec<(u32, usize)>,
-    rr: usize,
+    /// Sorted by communicator id; indices change only on install and remove.
+    comms: Vec<Comm>,
+    /// Switch-side QPN -> (index in `comms`, connection index); looked up per frame.
+    by_qpn: HashMap<u32, (usize, usize), BuildHasherDefault<QpnHasher>>,
+    /// Every (index in `comms`, connection), polled round-robin so no connection starves.
+    tx_order: Vec<(usize, usize)>,
+    next_tx_turn: usize,
     arp_out: VecDeque<(usize, [u8; ARP_FRAME_LEN])>,
     events: VecDeque<SwitchEvent>,
     counters: SwitchCounters,
@@ -270,10 +274,10 @@ impl SwitchEngine {
     pub fn new(config: SwitchEngineConfig) -> Self {
         SwitchEngine {
             cfg: config,
-            comms: BTreeMap::new(),
-            qpns: HashMap::new(),
+            comms: Vec::new(),
+            by_qpn: HashMap::default(),
             tx_order: Vec::new(),
-            rr: 0,
+            next_tx_turn: 0,
             arp_out: VecDeque::new(),
             events: VecDeque::new(),
             counters: SwitchCounters::default(),
@@ -296,7 +300,7 @@ impl SwitchEngine {
                 got: rules.switch_id,
             });
         }
-        if self.comms.contains_key(&comm_id) {
+        if self.comm_index(comm_id).is_some() {
             return Err(EngineError::CommExists(comm_id));
         }
         if !VALID_MTUS.contains(&rules.mtu) {
@@ -328,9 +332,9 @@ impl SwitchEngine {
             let port = self.cfg.ports.iter().position(|p| p.name == c.port).ok_or_else(|| {
                 EngineError::UnknownPort { comm_id, connection: i, port: c.port.clone() }
             })?;
-            let dup = rules.connections[..i].iter().any(|o| o.local_qpn == c.local_qpn);
+            let dup = rules.connections[..i].iter().any(|earlier| earlier.local_qpn == c.local_qpn);
             if dup
-                || self.qpns.contains_key(&c.local_qpn)
+                || self.by_qpn.contains_key(&c.local_qpn)
                 || c.local_qpn < 2
                 || c.local_qpn > inc_ctrl_proto::MAX_24BIT
             {
@@ -351,37 +355,41 @@ impl SwitchEngine {
             ports.push(port);
         }
         let comm = Comm::new(rules, &ports, &self.cfg);
-        for (i, c) in rules.connections.iter().enumerate() {
-            self.qpns.insert(c.local_qpn, (comm_id, i));
-        }
         tracing::info!(
             comm_id,
             switch_id = self.cfg.switch_id,
             connections = rules.connections.len(),
             "communicator installed"
         );
-        self.comms.insert(comm_id, comm);
-        self.rebuild_tx_order();
+        let at = self.comms.partition_point(|c| c.id() < comm_id);
+        self.comms.insert(at, comm);
+        self.rebuild_indices();
         Ok(())
     }
 
     /// Removes a communicator and everything it holds.
     pub fn remove(&mut self, comm_id: u32) -> Result<(), EngineError> {
-        let comm = self.comms.remove(&comm_id).ok_or(EngineError::UnknownComm(comm_id))?;
-        for qpn in comm.qpns() {
-            self.qpns.remove(&qpn);
-        }
-        self.rebuild_tx_order();
+        let at = self.comm_index(comm_id).ok_or(EngineError::UnknownComm(comm_id))?;
+        self.comms.remove(at);
+        self.rebuild_indices();
         Ok(())
     }
 
-    fn rebuild_tx_order(&mut self) {
-        self.tx_order = self
-            .comms
-            .iter()
-            .flat_map(|(&id, c)| (0..c.conn_count()).map(move |i| (id, i)))
-            .collect();
-        self.rr = 0;
+    fn comm_index(&self, comm_id: u32) -> Option<usize> {
+        self.comms.binary_search_by_key(&comm_id, Comm::id).ok()
+    }
+
+    /// Positions in `comms` moved: redo the QPN map and the transmit order.
+    fn rebuild_indices(&mut self) {
+        self.by_qpn.clear();
+        self.tx_order.clear();
+        for (at, comm) in self.comms.iter().enumerate() {
+            for (conn, qpn) in comm.qpns().enumerate() {
+                self.by_qpn.insert(qpn, (at, conn));
+                self.tx_order.push((at, conn));
+            }
+        }
+        self.next_tx_turn = 0;
     }
 
     /// Handles one received frame from port `port`.
@@ -414,25 +422,25 @@ impl SwitchEngine {
             self.counters.drops.bad_icrc += 1;
             return;
         }
-        let r = &parsed.repr;
-        let Some(&(comm_id, idx)) = self.qpns.get(&r.bth.dest_qp) else {
+        let packet = &parsed.repr;
+        let Some(&(at, conn)) = self.by_qpn.get(&packet.bth.dest_qp) else {
             self.counters.drops.unknown_qpn += 1;
             return;
         };
-        let comm = self.comms.get_mut(&comm_id).expect("qpn map follows comms");
-        if !comm.accepts(idx, port, r.ip_src) || r.ip_dst != self.cfg.ports[port].ip {
+        let comm = &mut self.comms[at];
+        if !comm.accepts(conn, port, packet.ip_src) || packet.ip_dst != self.cfg.ports[port].ip {
             self.counters.drops.wrong_peer += 1;
             return;
         }
-        match r.bth.opcode {
+        match packet.bth.opcode {
             Opcode::RcAcknowledge | Opcode::RcSendOnly | Opcode::RcSendOnlyWithImmediate => {}
             _ => {
                 self.counters.drops.unsupported_opcode += 1;
                 return;
             }
         }
-        comm.learn_mac(idx, r.eth.src);
-        comm.handle_packet(now, idx, r, parsed.payload, &mut self.events);
+        comm.learn_mac(conn, packet.eth.src);
+        comm.handle_packet(now, conn, packet, parsed.payload, &mut self.events);
     }
 
     fn handle_arp(&mut self, port: usize, src_mac: EthernetAddress, payload: &[u8]) {
@@ -444,7 +452,7 @@ impl SwitchEngine {
             self.counters.drops.malformed += 1;
             return;
         };
-        for comm in self.comms.values_mut() {
+        for comm in &mut self.comms {
             comm.learn_mac_by_ip(port, arp.source_protocol_addr, arp.source_hardware_addr);
         }
         let me = &self.cfg.ports[port];
@@ -473,11 +481,10 @@ impl SwitchEngine {
         }
         let n = self.tx_order.len();
         for k in 0..n {
-            let i = (self.rr + k) % n;
-            let (comm_id, idx) = self.tx_order[i];
-            let comm = self.comms.get_mut(&comm_id).expect("tx order follows comms");
-            if let Some(t) = comm.poll_transmit(now, idx, buf) {
-                self.rr = i + 1;
+            let i = (self.next_tx_turn + k) % n;
+            let (at, conn) = self.tx_order[i];
+            if let Some(t) = self.comms[at].poll_transmit(now, conn, buf) {
+                self.next_tx_turn = i + 1;
                 self.counters.tx_frames += 1;
                 return Some(t);
             }
@@ -487,12 +494,12 @@ impl SwitchEngine {
 
     /// When [`handle_timeout`](Self::handle_timeout) must run next.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.comms.values().fold(None, |acc, c| earliest(acc, c.poll_timeout()))
+        self.comms.iter().fold(None, |acc, c| earliest(acc, c.poll_timeout()))
     }
 
     /// Runs expired timers.
     pub fn handle_timeout(&mut self, now: Time) {
-        for comm in self.comms.values_mut() {
+        for comm in &mut self.comms {
             comm.handle_timeout(now, &mut self.events);
         }
     }
@@ -505,9 +512,30 @@ impl SwitchEngine {
     /// Counters.
     pub fn counters(&self) -> SwitchCounters {
         SwitchCounters {
-            comms: self.comms.values().map(Comm::counters).collect(),
+            comms: self.comms.iter().map(Comm::counters).collect(),
             ..self.counters.clone()
         }
+    }
+}
+
+/// Hashes switch-side QPNs (small integers the controller allocates, not chosen by
+/// the peer) with one multiplication instead of SipHash: the lookup runs per frame.
+#[derive(Default)]
+struct QpnHasher(u64);
+
+impl Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, qpn: u32) {
+        self.0 = u64::from(qpn).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 

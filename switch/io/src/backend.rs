@@ -194,6 +194,12 @@ pub trait Backend: Send + fmt::Debug {
 
     /// Counters of one port (panics if `port` is out of range).
     fn port_counters(&mut self, port: usize) -> PortCounters;
+
+    /// How a port is driven when the backend has a choice (AF_XDP: `xdp=native` or
+    /// `xdp=generic`), for the stats; `None` when there is nothing to report.
+    fn port_detail(&self, _port: usize) -> Option<String> {
+        None
+    }
 }
 
 #[cfg(test)]
