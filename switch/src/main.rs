@@ -2,7 +2,7 @@
 //! backend, driven by the controller.
 //!
 //! ```text
-//! inc-switch run --controller 10.99.0.1:7000 --backend af_packet \
+//! inc-switch run --controller 10.99.0.1:7000 --backend af_packet|pcap|af_xdp --workers 2 \
 //!     --switch 1:root --port root:p0=inc-root/p0,ip=10.0.0.1 ... \
 //!     --stats-listen 127.0.0.1:7101 --capture root.pcap
 //! inc-switch stats 127.0.0.1:7101
