@@ -20,12 +20,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use inc_controller::Topology;
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
 use inc_switch_io::af_xdp::{AfXdpBackend, AfXdpConfig};
 use inc_switch_io::libpcap::{PcapBackend, PcapConfig};
 use inc_switch_io::memory::MemoryBackend;
 use inc_switch_io::{Backend, PortSpec};
+use inc_topology::Topology;
 use tracing::info;
 
 use crate::spec::{PortArg, SwitchArg, SwitchPlan};
@@ -67,6 +67,10 @@ enum BackendKind {
     AfXdp,
     /// In-process queues (no interfaces; for tests of the control path).
     Memory,
+    /// DPDK ethdevs (needs an inc-switch built with `--features dpdk`): kernel
+    /// interfaces get an af_packet (or --dpdk-vdev af_xdp) vdev each, opened in their
+    /// namespace; names of devices EAL probed (PCI addresses, vdevs) use their PMD.
+    Dpdk,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -147,6 +151,31 @@ struct RunArgs {
     /// af_xdp: attach the XDP program in generic mode even where native works.
     #[arg(long)]
     xdp_generic: bool,
+    /// DPDK EAL arguments, split at whitespace (default `--no-huge --no-pci`; -l, -m,
+    /// --in-memory, --no-telemetry and --log-level are added unless given).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_args: String,
+    /// DPDK: vdev driver for ports that are kernel interfaces.
+    #[arg(long, value_enum, default_value = "af_packet")]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_vdev: DpdkVdev,
+    /// DPDK: longest idle sleep between empty receive polls, in microseconds (bounds
+    /// the extra latency of the first frame after a quiet spell).
+    #[arg(long, default_value_t = 500)]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_idle_max_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+enum DpdkVdev {
+    /// net_af_packet.
+    #[value(name = "af_packet", alias = "af-packet")]
+    AfPacket,
+    /// net_af_xdp.
+    #[value(name = "af_xdp", alias = "af-xdp")]
+    AfXdp,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -248,7 +277,37 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
             let (backend, _net) = MemoryBackend::new(specs, 4096);
             run_with(backend, &plans, &shared)
         }
+        BackendKind::Dpdk => run_dpdk(&plans, &shared, &args),
     }
+}
+
+#[cfg(feature = "dpdk")]
+fn run_dpdk(plans: &[SwitchPlan], shared: &workers::Shared, args: &RunArgs) -> anyhow::Result<()> {
+    use inc_switch_io::dpdk::{DpdkBackend, DpdkConfig, VdevDriver};
+    let cfg = DpdkConfig {
+        eal_args: args.dpdk_args.split_whitespace().map(str::to_string).collect(),
+        vdev: match args.dpdk_vdev {
+            DpdkVdev::AfPacket => VdevDriver::AfPacket,
+            DpdkVdev::AfXdp => VdevDriver::AfXdp,
+        },
+        tx_batch: args.tx_batch,
+        idle_sleep_max: std::time::Duration::from_micros(args.dpdk_idle_max_us),
+        promiscuous: !args.no_promisc,
+        ..DpdkConfig::default()
+    };
+    // EAL is initialised once per process and owns every port: one worker.
+    let specs = workers::group_specs(plans, &(0..plans.len()).collect::<Vec<_>>());
+    let backend = DpdkBackend::open(&specs, cfg).context("opening DPDK ports")?;
+    run_with(backend, plans, shared)
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn run_dpdk(_: &[SwitchPlan], _: &workers::Shared, _: &RunArgs) -> anyhow::Result<()> {
+    bail!(
+        "this inc-switch was built without DPDK support; build it with \
+         `cargo build --release -p inc-switch --features dpdk` (needs libdpdk-dev: \
+         sudo scripts/setup --dpdk)"
+    )
 }
 
 /// Open one backend per worker group (`open` gets the group's interfaces) and run.

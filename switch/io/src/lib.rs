@@ -12,8 +12,9 @@
 //!   ([`Backend::wait`]); nothing busy-polls.
 //!
 //! Backends: [`memory`] (in-process, for tests), [`af_packet`] (TPACKET_V2 receive ring
-//! by default, V3 on request, `sendmmsg` transmit), [`libpcap`] (libpcap live handles)
-//! and [`af_xdp`] (XSK sockets with an XDP redirect program); all but `memory` are Linux
+//! by default, V3 on request, `sendmmsg` transmit), [`libpcap`] (libpcap live handles),
+//! [`af_xdp`] (XSK sockets with an XDP redirect program) and, with cargo feature `dpdk`,
+//! the `dpdk` module (DPDK ethdevs over the system libdpdk); all but `memory` are Linux
 //! only. All `unsafe` of the switch lives in this crate, in the backend modules.
 
 pub mod backend;
@@ -29,5 +30,10 @@ pub mod libpcap;
 mod sys;
 #[cfg(target_os = "linux")]
 pub mod xdp_prog;
+
+#[cfg(all(target_os = "linux", feature = "dpdk"))]
+pub mod dpdk;
+#[cfg(all(target_os = "linux", feature = "dpdk"))]
+mod dpdk_ffi;
 
 pub use backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Wake, Waker};
