@@ -2,7 +2,7 @@
 //! backend, driven by the controller.
 //!
 //! ```text
-//! inc-switch run --controller 10.99.0.1:7000 --backend af_packet \
+//! inc-switch run --controller 10.99.0.1:7000 --backend af_packet|pcap|af_xdp --workers 2 \
 //!     --switch 1:root --port root:p0=inc-root/p0,ip=10.0.0.1 ... \
 //!     --stats-listen 127.0.0.1:7101 --capture root.pcap
 //! inc-switch stats 127.0.0.1:7101
@@ -132,8 +132,10 @@ struct RunArgs {
     #[arg(long)]
     no_promisc: bool,
     /// Data-plane threads; the logical switches are split over them (an engine is
-    /// driven by one thread). 0: one per logical switch, at most one per CPU.
-    #[arg(long, default_value_t = 0)]
+    /// driven by one thread). 0: one per logical switch, at most one per CPU. Default 1:
+    /// measured faster than 2 on a 2-core machine that also runs the hosts
+    /// (switch/README.md).
+    #[arg(long, default_value_t = 1)]
     workers: usize,
     /// pcap/af_xdp: also take UDP frames to this destination port (besides 4791 and
     /// ARP; repeatable).

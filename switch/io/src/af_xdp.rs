@@ -15,8 +15,9 @@
 //! copies it into a chunk of that port's UMEM.
 //!
 //! Limit: a frame must fit one chunk (4096 bytes minus the 256-byte XDP headroom on
-//! receive), so link MTUs up to 3818 bytes of IP packet work for RoCEv2 payloads up to
-//! 2048; larger frames are dropped by the kernel and counted in `rx_dropped`.
+//! receive), so RoCEv2 payloads up to 2048 bytes work on any link MTU; larger frames
+//! are dropped by the kernel and counted in `rx_dropped` (not yet: multi-buffer
+//! `XDP_USE_SG`).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
