@@ -11,6 +11,7 @@
 mod capture;
 mod control;
 mod event_loop;
+mod link_emu;
 mod spec;
 mod stats;
 
@@ -26,6 +27,7 @@ use inc_controller::Topology;
 use inc_ctrl_proto::{Mac, PortInfo};
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
+use inc_switch_io::link_emu::LinkEmuBackend;
 use inc_switch_io::memory::MemoryBackend;
 use inc_switch_io::{Backend, PortSpec};
 use inc_wire::EthernetAddress;
@@ -127,6 +129,12 @@ struct RunArgs {
     /// Do not put the interfaces in promiscuous mode.
     #[arg(long)]
     no_promisc: bool,
+    /// Emulate link faults: [SWITCH:PORT=]KEY=VALUE,... with keys loss, burst, dup,
+    /// reorder, reorder-delay, corrupt, delay, jitter, rate, limit, seed and
+    /// dir=link|tx|rx|both (repeatable; later ones refine earlier ones; without a
+    /// SWITCH:PORT every port). Example: `loss=1%,burst=4,seed=7`.
+    #[arg(long = "link-emu")]
+    link_emu: Vec<link_emu::LinkEmuArg>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -201,6 +209,8 @@ fn run_with<B: Backend>(
     controller: &str,
     args: &RunArgs,
 ) -> anyhow::Result<()> {
+    let emu = link_emu::resolve(&args.link_emu, plans, args.topology.as_deref())?;
+    let backend = LinkEmuBackend::new(backend, emu).context("link emulation")?;
     let shutdown = Arc::new(AtomicBool::new(false));
     let waker = backend.waker();
     let (tx, rx) = crossbeam_channel::unbounded();

@@ -194,6 +194,12 @@ pub trait Backend: Send + fmt::Debug {
 
     /// Counters of one port (panics if `port` is out of range).
     fn port_counters(&mut self, port: usize) -> PortCounters;
+
+    /// Link emulation settings and counters of one port, if it is emulated (see
+    /// [`LinkEmuBackend`](crate::link_emu::LinkEmuBackend)).
+    fn link_emu_stats(&self, _port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -11,11 +11,14 @@
 //! - wait for receive readiness across all ports, a [`Waker`] or a timeout
 //!   ([`Backend::wait`]); nothing busy-polls.
 //!
+//! [`link_emu`] wraps any backend to emulate lossy, slow or misbehaving links.
+//!
 //! Backends: [`memory`] (in-process, for tests) and [`af_packet`] (TPACKET_V3 receive
 //! ring, `sendmmsg` transmit, Linux only). All `unsafe` of the switch lives in this crate,
 //! in the backend modules.
 
 pub mod backend;
+pub mod link_emu;
 pub mod memory;
 
 #[cfg(target_os = "linux")]
