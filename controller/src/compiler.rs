@@ -10,17 +10,15 @@ use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::{
     ipv4_gid, udp_port_for_qpn, ConnectionRule, HostEndpoint, Peer, RankEndpoint, SwitchRules,
-    MAX_24BIT, ROCE_UDP_PORT, VALID_MTUS,
+    MAX_24BIT, MAX_WINDOW, ROCE_UDP_PORT, VALID_MTUS,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::topology::Topology;
+use inc_topology::Topology;
 
 /// First switch-side QPN tried on a fresh switch (QPN 0 and 1 are special in IB).
 const FIRST_QPN: u32 = 0x100;
-/// Largest window a communicator may ask for.
-pub const MAX_WINDOW: u32 = 1 << 16;
 
 /// A communicator to compile.
 #[derive(Debug, Clone, PartialEq, Eq)]

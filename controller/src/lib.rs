@@ -1,19 +1,21 @@
 //! INC emulator control plane.
 //!
-//! - [`topology`]: YAML topology model and validation.
+//! - [`topology`]: YAML topology model and validation (re-export of `inc-topology`).
 //! - [`compiler`]: pure rule compiler (topology + communicator -> per-switch rules).
 //! - [`plan`]: network-namespace plan for the deployment scripts.
+//! - [`export`]: container deployments (Docker Compose, containerlab) of a topology.
 //! - [`service`]: the TCP controller service.
 
 pub mod compiler;
+pub mod export;
 pub mod plan;
 pub mod service;
-pub mod topology;
 pub mod yaml;
 
 pub use compiler::{compile, Allocator, CommunicatorSpec, CompileError, Compiled};
+pub use inc_topology as topology;
+pub use inc_topology::{Topology, TopologyError, TopologyIssue};
 pub use service::{Controller, ServiceConfig, ServiceError};
-pub use topology::{Topology, TopologyError, TopologyIssue};
 
 use inc_ctrl_proto::{RankEndpoint, ROCE_UDP_PORT};
 

@@ -77,6 +77,11 @@ enum Cmd {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// Write a container deployment of a topology (docker/README.md).
+    Export {
+        #[command(subcommand)]
+        target: ExportTarget,
+    },
     /// Show connected switches, groups and communicators of a running controller.
     Status {
         /// Controller address.
@@ -89,6 +94,92 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ExportTarget {
+    /// Docker Compose file: one network per link, a management network, one container
+    /// per element.
+    Compose {
+        #[command(flatten)]
+        common: ExportArgs,
+        /// Carrier pool for the Docker networks (Docker never sees the topology's own
+        /// addresses); concurrent deployments need disjoint pools.
+        #[arg(long, default_value = "198.18.0.0/24")]
+        carrier: String,
+    },
+    /// containerlab topology file (nodes of kind linux, one link per topology link).
+    Containerlab {
+        #[command(flatten)]
+        common: ExportArgs,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct ExportArgs {
+    /// Topology YAML.
+    topology: PathBuf,
+    /// Write here instead of standard output.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Path of the topology file where the containers run (default: its absolute path).
+    #[arg(long)]
+    topology_path: Option<String>,
+    /// Image repository prefix: PREFIX/controller, PREFIX/switch, PREFIX/host.
+    #[arg(long, default_value = inc_controller::export::DEFAULT_IMAGE_PREFIX)]
+    image_prefix: String,
+    /// Image tag (compose: overridden by $INC_IMAGE_TAG when the file is used).
+    #[arg(long, default_value = "latest")]
+    image_tag: String,
+    /// Switch packet I/O backend.
+    #[arg(long, default_value = "af_packet")]
+    backend: String,
+    /// Host transport: udp (userspace RoCEv2) or verbs (Soft-RoCE rxe0 on the data link).
+    #[arg(long, default_value = "udp")]
+    transport: inc_controller::export::HostTransport,
+}
+
+fn export(target: ExportTarget) -> Result<()> {
+    use inc_controller::export::{compose, containerlab, ExportOptions, Images};
+    let (ExportTarget::Compose { common: a, .. } | ExportTarget::Containerlab { common: a }) =
+        &target;
+    let t = Topology::load(&a.topology).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let topology_path = match &a.topology_path {
+        Some(p) => p.clone(),
+        None => std::fs::canonicalize(&a.topology)
+            .with_context(|| format!("resolving {}", a.topology.display()))?
+            .display()
+            .to_string(),
+    };
+    let opts = ExportOptions {
+        images: Images::tagged(&a.image_prefix, &a.image_tag),
+        topology_path,
+        backend: a.backend.clone(),
+        transport: a.transport,
+    };
+    let text = match &target {
+        ExportTarget::Compose { carrier, .. } => {
+            let pool = parse_cidr(carrier).with_context(|| format!("--carrier {carrier}"))?;
+            compose::render(&t, &opts, pool)?
+        }
+        ExportTarget::Containerlab { .. } => containerlab::render(&t, &opts)?,
+    };
+    match &a.output {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8)> {
+    let (ip, prefix) = s.split_once('/').context("expected ADDRESS/PREFIX")?;
+    let prefix: u8 = prefix.parse().context("prefix length")?;
+    if !(8..=30).contains(&prefix) {
+        bail!("prefix length {prefix} is outside 8..=30");
+    }
+    Ok((ip.parse().context("IPv4 address")?, prefix))
 }
 
 fn main() -> std::process::ExitCode {
@@ -178,6 +269,7 @@ fn run() -> Result<()> {
             std::io::stdout().flush()?;
             ctrl.wait();
         }
+        Cmd::Export { target } => export(target)?,
         Cmd::Status { controller, token, json } => {
             let timeout = Duration::from_secs(5);
             let mut c = ControllerClient::connect(controller.as_str(), timeout)?;

@@ -21,7 +21,7 @@
 
 use std::fmt::Write as _;
 
-use crate::topology::{Topology, CONTROLLER_NAME};
+use inc_topology::{Topology, CONTROLLER_NAME};
 
 /// Default namespace prefix.
 pub const DEFAULT_PREFIX: &str = "inc";

@@ -21,7 +21,7 @@ use inc_ctrl_proto::{
 use tracing::{debug, info, warn};
 
 use crate::compiler::{compile, Allocator, CommunicatorSpec, Compiled};
-use crate::topology::Topology;
+use inc_topology::Topology;
 
 /// Service settings.
 #[derive(Debug, Clone)]

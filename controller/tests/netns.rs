@@ -23,12 +23,6 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn usable() -> bool {
-    let root =
-        Command::new("id").arg("-u").output().map(|o| stdout(&o).trim() == "0").unwrap_or(false);
-    root && run("ip", &["netns", "list"]).status.success()
-}
-
 struct Down(String);
 
 impl Drop for Down {
@@ -58,8 +52,7 @@ fn namespaces(prefix: &str) -> Vec<String> {
 
 #[test]
 fn netns_up_and_down() {
-    if !usable() {
-        eprintln!("netns_up_and_down: skipped (needs root and ip netns)");
+    if !inc_test_support::netns_ready("netns_up_and_down") {
         return;
     }
     let prefix = format!("ct{}", std::process::id() % 100_000);

@@ -54,6 +54,13 @@ pub struct Args {
     /// Transport: udp or verbs (default: INCCL_TRANSPORT, else udp).
     #[arg(long)]
     pub transport: Option<TransportKind>,
+    /// Also print every timed iteration's time (a `#  iter_us` line), for histograms.
+    #[arg(long)]
+    pub print_times: bool,
+    /// After printing the result, wait for end of input on stdin before destroying the
+    /// communicator, so a harness can read the switches' per-communicator counters.
+    #[arg(long)]
+    pub wait_stdin: bool,
 }
 
 /// Input element `i` of rank `r` (INT32 wraps).
@@ -214,17 +221,36 @@ pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
         (_, DataType::Float32) => run_typed::<f32>(&mut comm, which, args)?,
     };
     print_report(which, args, &report);
+    if args.wait_stdin {
+        use std::io::{Read, Write};
+        std::io::stdout().flush().context("flushing the report")?;
+        // Anything read is ignored; end of input (the harness closing the pipe) is the signal.
+        let mut sink = Vec::new();
+        std::io::stdin().read_to_end(&mut sink).context("waiting for stdin to close")?;
+    }
     comm.destroy().context("destroying the communicator")?;
     group.destroy().context("destroying the group")?;
     Ok(report)
 }
 
+/// The `q`-quantile (0..=1) of sorted times, nearest rank.
+pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Column header of the result line.
+pub const REPORT_HEADER: &str = "#  rank  collective        size(B)      count    type   op  root  iters    p50(us)  min(us)  p99(us)  max(us)  algbw(GB/s)  algbw(Gbps)  result";
+
 fn print_report(which: Collective, args: &Args, r: &Report) {
     let bytes = if which == Collective::Barrier { 0 } else { args.count * 4 };
     let mut sorted = r.times.clone();
     sorted.sort();
-    let median = sorted.get(sorted.len() / 2).copied().unwrap_or_default();
-    let min = sorted.first().copied().unwrap_or_default();
+    let p50 = quantile(&sorted, 0.5);
+    let us = |t: Duration| t.as_secs_f64() * 1e6;
     let algbw = |t: Duration| if t.is_zero() { 0.0 } else { bytes as f64 / t.as_secs_f64() / 1e9 };
     let name = match which {
         Collective::AllReduce => "allreduce",
@@ -232,9 +258,9 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
         Collective::Broadcast => "broadcast",
         Collective::Barrier => "barrier",
     };
-    println!("#  rank  collective        size(B)      count    type   op  root  iters   time(us)  min(us)  algbw(GB/s)  algbw(Gbps)  result");
+    println!("{REPORT_HEADER}");
     println!(
-        "  {:>5}  {:<10} {:>14} {:>10} {:>7} {:>4} {:>5} {:>6} {:>10.1} {:>8.1} {:>12.3} {:>12.3}  {}",
+        "  {:>5}  {:<10} {:>14} {:>10} {:>7} {:>4} {:>5} {:>6} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.3} {:>12.3}  {}",
         args.rank,
         name,
         bytes,
@@ -251,12 +277,19 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
             "-".to_string()
         },
         r.times.len(),
-        median.as_secs_f64() * 1e6,
-        min.as_secs_f64() * 1e6,
-        algbw(median),
-        algbw(median) * 8.0,
+        us(p50),
+        us(quantile(&sorted, 0.0)),
+        us(quantile(&sorted, 0.99)),
+        us(quantile(&sorted, 1.0)),
+        algbw(p50),
+        algbw(p50) * 8.0,
         if r.pass { "PASS" } else { "FAIL" }
     );
+    if args.print_times {
+        // In iteration order, so a harness can take the maximum over ranks per iteration.
+        let times: Vec<String> = r.times.iter().map(|t| format!("{:.1}", us(*t))).collect();
+        println!("#  iter_us rank={}: {}", args.rank, times.join(" "));
+    }
 }
 
 /// `main` of the three programs.
@@ -307,5 +340,16 @@ mod tests {
         assert_eq!((a.world_size, a.rank, a.count, a.root), (4, 2, 1024, 1));
         assert_eq!((a.dtype, a.op), (DataType::Float32, ReduceOp::Max));
         assert!(Args::try_parse_from(["x", "4", "h", "0", "8", "--op", "avg"]).is_err());
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let t: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        assert_eq!(quantile(&t, 0.5), Duration::from_micros(50));
+        assert_eq!(quantile(&t, 0.99), Duration::from_micros(99));
+        assert_eq!(quantile(&t, 0.0), Duration::from_micros(1));
+        assert_eq!(quantile(&t, 1.0), Duration::from_micros(100));
+        assert_eq!(quantile(&t[..1], 0.99), Duration::from_micros(1));
+        assert_eq!(quantile(&[], 0.5), Duration::ZERO);
     }
 }

@@ -283,7 +283,10 @@ impl<B: Backend> EventLoop<B> {
                 let iface = desc.spec.label();
                 let mac = inc_ctrl_proto::Mac(desc.mac).to_string();
                 let c = self.backend.port_counters(gp);
-                let mut port = json!({ "name": name, "iface": iface, "mac": mac, "io": c });
+                let detail = self.backend.port_detail(gp);
+                let mut port = json!({
+                    "name": name, "iface": iface, "mac": mac, "io": c, "detail": detail,
+                });
                 if let Some(emu) = self.backend.link_emu_stats(gp) {
                     port["link_emu"] = serde_json::to_value(emu).unwrap_or(Value::Null);
                 }

@@ -4,8 +4,8 @@ use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{anyhow, bail};
-use inc_controller::Topology;
 use inc_switch_io::link_emu::{Impairments, PortLinkEmu};
+use inc_topology::Topology;
 
 use crate::spec::SwitchPlan;
 
@@ -68,16 +68,16 @@ impl FromStr for LinkEmuArg {
     }
 }
 
-/// Per backend port (in plan order), the emulation the arguments ask for. Arguments
+/// Per plan, per port, the emulation the arguments ask for. Arguments
 /// apply in order, each refining what earlier ones set on the same port and direction.
 /// Host-facing ports are known from the topology at `topology` (if given).
 pub fn resolve(
     args: &[LinkEmuArg],
     plans: &[SwitchPlan],
     topology: Option<&Path>,
-) -> anyhow::Result<Vec<PortLinkEmu>> {
+) -> anyhow::Result<Vec<Vec<PortLinkEmu>>> {
     if args.is_empty() {
-        return Ok(Vec::new());
+        return Ok(plans.iter().map(|p| vec![PortLinkEmu::default(); p.ports.len()]).collect());
     }
     let topo = match topology {
         Some(p) => Some(Topology::load(p).map_err(|e| anyhow!("{e}"))?),
@@ -104,6 +104,7 @@ pub fn resolve(
     }
     let mut out = Vec::new();
     for plan in plans {
+        let mut ports = Vec::new();
         for port in &plan.ports {
             let mut emu = PortLinkEmu::default();
             for a in args {
@@ -130,8 +131,9 @@ pub fn resolve(
                     }
                 }
             }
-            out.push(emu);
+            ports.push(emu);
         }
+        out.push(ports);
     }
     Ok(out)
 }
@@ -161,7 +163,7 @@ mod tests {
         let plans = resolve_plans(&sw, &[], Some(&topo)).unwrap();
         let args: Vec<LinkEmuArg> =
             ["loss=1%", "leaf1:h1=delay=1ms,dir=tx"].iter().map(|s| s.parse().unwrap()).collect();
-        let emu = resolve(&args, &plans, Some(Path::new(path))).unwrap();
+        let emu = resolve(&args, &plans, Some(Path::new(path))).unwrap().remove(0);
         // Ports of leaf1: up (to root), h0, h1 (hosts).
         assert_eq!(emu.len(), 3);
         assert!(emu[0].tx.is_some() && emu[0].rx.is_none());

@@ -14,27 +14,22 @@ mod event_loop;
 mod link_emu;
 mod spec;
 mod stats;
+mod workers;
 
-use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
-use inc_controller::Topology;
-use inc_ctrl_proto::{Mac, PortInfo};
-use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
+use inc_switch_io::af_xdp::{AfXdpBackend, AfXdpConfig};
+use inc_switch_io::libpcap::{PcapBackend, PcapConfig};
 use inc_switch_io::link_emu::LinkEmuBackend;
 use inc_switch_io::memory::MemoryBackend;
 use inc_switch_io::{Backend, PortSpec};
-use inc_wire::EthernetAddress;
+use inc_topology::Topology;
 use tracing::info;
 
-use crate::capture::Capture;
-use crate::event_loop::{EventLoop, LogicalSwitch};
 use crate::spec::{PortArg, SwitchArg, SwitchPlan};
 
 #[derive(Debug, Parser)]
@@ -51,7 +46,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run switches until SIGINT/SIGTERM; print counters on exit.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the counters of a running switch (its --stats-listen address) as JSON.
     Stats {
         /// Address given to --stats-listen.
@@ -64,11 +59,20 @@ enum Cmd {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BackendKind {
-    /// AF_PACKET with TPACKET_V3 (or V2) receive rings and sendmmsg transmit.
+    /// AF_PACKET with TPACKET_V2 (or V3) receive rings and sendmmsg transmit.
     #[value(name = "af_packet", alias = "af-packet")]
     AfPacket,
+    /// libpcap live handles (immediate mode, BPF filter, pcap_sendpacket).
+    Pcap,
+    /// AF_XDP sockets with an XDP redirect program (native mode, else generic).
+    #[value(name = "af_xdp", alias = "af-xdp")]
+    AfXdp,
     /// In-process queues (no interfaces; for tests of the control path).
     Memory,
+    /// DPDK ethdevs (needs an inc-switch built with `--features dpdk`): kernel
+    /// interfaces get an af_packet (or --dpdk-vdev af_xdp) vdev each, opened in their
+    /// namespace; names of devices EAL probed (PCI addresses, vdevs) use their PMD.
+    Dpdk,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -129,12 +133,57 @@ struct RunArgs {
     /// Do not put the interfaces in promiscuous mode.
     #[arg(long)]
     no_promisc: bool,
+    /// Data-plane threads; the logical switches are split over them (an engine is
+    /// driven by one thread). 0: one per logical switch, at most one per CPU.
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+    /// pcap/af_xdp: also take UDP frames to this destination port (besides 4791 and
+    /// ARP; repeatable).
+    #[arg(long = "filter-udp-port")]
+    filter_udp_ports: Vec<u16>,
+    /// pcap: kernel buffer per port in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pcap_buffer: i32,
+    /// pcap: snap length in bytes (longer frames are counted and dropped).
+    #[arg(long, default_value_t = 9216)]
+    pcap_snaplen: i32,
+    /// af_xdp: UMEM chunks per port for receive and for transmit (each; power of two).
+    #[arg(long, default_value_t = 2048)]
+    xdp_frames: u32,
+    /// af_xdp: attach the XDP program in generic mode even where native works.
+    #[arg(long)]
+    xdp_generic: bool,
+    /// DPDK EAL arguments, split at whitespace (default `--no-huge --no-pci`; -l, -m,
+    /// --in-memory, --no-telemetry and --log-level are added unless given).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_args: String,
+    /// DPDK: vdev driver for ports that are kernel interfaces.
+    #[arg(long, value_enum, default_value = "af_packet")]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_vdev: DpdkVdev,
+    /// DPDK: longest idle sleep between empty receive polls, in microseconds (bounds
+    /// the extra latency of the first frame after a quiet spell).
+    #[arg(long, default_value_t = 500)]
+    #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+    dpdk_idle_max_us: u64,
     /// Emulate link faults: [SWITCH:PORT=]KEY=VALUE,... with keys loss, burst, dup,
     /// reorder, reorder-delay, corrupt, delay, jitter, rate, limit, seed and
     /// dir=link|tx|rx|both (repeatable; later ones refine earlier ones; without a
     /// SWITCH:PORT every port). Example: `loss=1%,burst=4,seed=7`.
     #[arg(long = "link-emu")]
     link_emu: Vec<link_emu::LinkEmuArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
+enum DpdkVdev {
+    /// net_af_packet.
+    #[value(name = "af_packet", alias = "af-packet")]
+    AfPacket,
+    /// net_af_xdp.
+    #[value(name = "af_xdp", alias = "af-xdp")]
+    AfXdp,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -147,7 +196,7 @@ fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     match Cli::parse().cmd {
-        Cmd::Run(args) => run(args),
+        Cmd::Run(args) => run(*args),
         Cmd::Stats { addr, summary } => {
             let v = stats::fetch(&addr)?;
             if summary {
@@ -176,8 +225,22 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let Some(controller) = args.controller.clone() else {
         bail!("no controller address: give --controller or --topology");
     };
-    let specs: Vec<PortSpec> =
-        plans.iter().flat_map(|p| p.ports.iter().map(|q| q.iface.clone())).collect();
+    let shared = workers::Shared {
+        controller,
+        token: args.token.clone(),
+        stats_listen: args.stats_listen.clone(),
+        capture: args.capture.clone(),
+        link_emu: link_emu::resolve(&args.link_emu, &plans, args.topology.as_deref())?,
+    };
+    let mut n_workers = match args.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(plans.len()),
+        n => n,
+    };
+    if shared.capture.is_some() && n_workers > 1 {
+        info!("--capture writes one file in order: running one worker");
+        n_workers = 1;
+    }
+    let groups = workers::split(&plans, n_workers);
     match args.backend {
         BackendKind::AfPacket => {
             let cfg = AfPacketConfig {
@@ -192,95 +255,114 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 promiscuous: !args.no_promisc,
                 ..AfPacketConfig::default()
             };
-            let backend = AfPacketBackend::open(&specs, cfg).context("opening AF_PACKET ports")?;
-            run_with(backend, &plans, &controller, &args)
+            let open = |s: &[PortSpec]| AfPacketBackend::open(s, cfg.clone());
+            run_sharded(open, "AF_PACKET", &groups, &plans, &shared)
+        }
+        BackendKind::Pcap => {
+            let cfg = PcapConfig {
+                buffer_size: args.pcap_buffer,
+                snaplen: args.pcap_snaplen,
+                udp_ports: args.filter_udp_ports.clone(),
+                tx_batch: args.tx_batch,
+                promiscuous: !args.no_promisc,
+                ..PcapConfig::default()
+            };
+            let open = |s: &[PortSpec]| PcapBackend::open(s, cfg.clone());
+            run_sharded(open, "pcap", &groups, &plans, &shared)
+        }
+        BackendKind::AfXdp => {
+            let cfg = AfXdpConfig {
+                rx_frames: args.xdp_frames,
+                tx_frames: args.xdp_frames,
+                udp_ports: args.filter_udp_ports.clone(),
+                tx_batch: args.tx_batch,
+                force_generic: args.xdp_generic,
+            };
+            let open = |s: &[PortSpec]| AfXdpBackend::open(s, cfg.clone());
+            run_sharded(open, "AF_XDP", &groups, &plans, &shared)
         }
         BackendKind::Memory => {
+            let specs = workers::group_specs(&plans, &(0..plans.len()).collect::<Vec<_>>());
             let (backend, _net) = MemoryBackend::new(specs, 4096);
-            run_with(backend, &plans, &controller, &args)
+            run_with(backend, &plans, &shared)
         }
+        BackendKind::Dpdk => run_dpdk(&plans, &shared, &args),
     }
 }
 
-/// Build the engines over `backend`, start the side threads, run the loop.
-fn run_with<B: Backend>(
-    backend: B,
+#[cfg(feature = "dpdk")]
+fn run_dpdk(plans: &[SwitchPlan], shared: &workers::Shared, args: &RunArgs) -> anyhow::Result<()> {
+    use inc_switch_io::dpdk::{DpdkBackend, DpdkConfig, VdevDriver};
+    let cfg = DpdkConfig {
+        eal_args: args.dpdk_args.split_whitespace().map(str::to_string).collect(),
+        vdev: match args.dpdk_vdev {
+            DpdkVdev::AfPacket => VdevDriver::AfPacket,
+            DpdkVdev::AfXdp => VdevDriver::AfXdp,
+        },
+        tx_batch: args.tx_batch,
+        idle_sleep_max: std::time::Duration::from_micros(args.dpdk_idle_max_us),
+        promiscuous: !args.no_promisc,
+        ..DpdkConfig::default()
+    };
+    // EAL is initialised once per process and owns every port: one worker.
+    let specs = workers::group_specs(plans, &(0..plans.len()).collect::<Vec<_>>());
+    let backend = DpdkBackend::open(&specs, cfg).context("opening DPDK ports")?;
+    run_with(backend, plans, shared)
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn run_dpdk(_: &[SwitchPlan], _: &workers::Shared, _: &RunArgs) -> anyhow::Result<()> {
+    bail!(
+        "this inc-switch was built without DPDK support; build it with \
+         `cargo build --release -p inc-switch --features dpdk` (needs libdpdk-dev: \
+         sudo scripts/setup --dpdk)"
+    )
+}
+
+/// Open one backend per worker group (`open` gets the group's interfaces) and run.
+fn run_sharded<B, E, F>(
+    open: F,
+    what: &str,
+    groups: &[Vec<usize>],
     plans: &[SwitchPlan],
-    controller: &str,
-    args: &RunArgs,
-) -> anyhow::Result<()> {
-    let emu = link_emu::resolve(&args.link_emu, plans, args.topology.as_deref())?;
-    let backend = LinkEmuBackend::new(backend, emu).context("link emulation")?;
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let waker = backend.waker();
-    let (tx, rx) = crossbeam_channel::unbounded();
-
-    let mut switches = Vec::new();
-    let mut sessions = Vec::new();
-    let mut base = 0;
-    for (si, plan) in plans.iter().enumerate() {
-        let mut ports = Vec::new();
-        let mut infos = Vec::new();
-        for (lp, p) in plan.ports.iter().enumerate() {
-            let desc = &backend.ports()[base + lp];
-            let mac = p.mac.unwrap_or(Mac(desc.mac));
-            let Some(ip) = p.ip else { bail!("port {}:{} has no address", plan.name, p.port) };
-            ports.push(PortConfig { name: p.port.clone(), ip, mac: EthernetAddress(mac.0) });
-            infos.push(PortInfo { name: p.port.clone(), ip: Some(ip), mac: Some(mac) });
-            info!(switch = %plan.name, port = %p.port, iface = %p.iface, %ip, %mac, "port");
-        }
-        let engine = SwitchEngine::new(SwitchEngineConfig {
-            switch_id: plan.id,
-            ports,
-            ..SwitchEngineConfig::default()
-        });
-        switches.push(LogicalSwitch {
-            id: plan.id,
-            name: plan.name.clone(),
-            engine,
-            port_base: base,
-            port_names: plan.ports.iter().map(|p| p.port.clone()).collect(),
-            communicators: BTreeSet::new(),
-        });
-        sessions.push(control::SessionConfig {
-            controller: controller.to_string(),
-            token: args.token.clone(),
-            switch: si,
-            switch_id: plan.id,
-            name: plan.name.clone(),
-            ports: infos,
-        });
-        base += plan.ports.len();
+    shared: &workers::Shared,
+) -> anyhow::Result<()>
+where
+    B: Backend + 'static,
+    E: std::error::Error + Send + Sync + 'static,
+    F: Fn(&[PortSpec]) -> Result<B, E>,
+{
+    let mut backends = Vec::with_capacity(groups.len());
+    for g in groups {
+        let specs = workers::group_specs(plans, g);
+        let backend = open(&specs).with_context(|| format!("opening {what} ports"))?;
+        backends.push(with_link_emu(backend, g, shared)?);
     }
-
-    // SIGINT/SIGTERM: set the flag and wake the loop, which then prints the counters.
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
-    {
-        let (flag, waker) = (shutdown.clone(), waker.clone());
-        std::thread::Builder::new().name("signals".into()).spawn(move || {
-            for sig in signals.forever() {
-                info!(signal = sig, "shutting down");
-                flag.store(true, Ordering::Relaxed);
-                waker.wake();
-            }
-        })?;
-    }
-
-    let capture = args.capture.as_deref().map(Capture::create).transpose()?;
-    if let Some(addr) = &args.stats_listen {
-        let local = stats::serve(addr, tx.clone(), waker.clone())?;
-        info!(addr = %local, "stats endpoint");
-    }
-    for s in sessions {
-        control::spawn(s, tx.clone(), waker.clone(), shutdown.clone())?;
-    }
-    drop(tx);
-    info!(backend = backend.name(), switches = plans.len(), "switch running");
-    let final_stats = EventLoop::new(backend, switches, rx, capture, shutdown).run()?;
+    let final_stats = workers::run(backends, groups, plans, shared)?;
     println!("{}", serde_json::to_string_pretty(&final_stats)?);
     Ok(())
+}
+
+/// Run every switch of `plans` on one worker over `backend` (whose ports are all the
+/// plans' ports, in order).
+fn run_with<B: Backend + 'static>(
+    backend: B,
+    plans: &[SwitchPlan],
+    shared: &workers::Shared,
+) -> anyhow::Result<()> {
+    let all: Vec<usize> = (0..plans.len()).collect();
+    let backend = with_link_emu(backend, &all, shared)?;
+    let final_stats = workers::run(vec![backend], &[all], plans, shared)?;
+    println!("{}", serde_json::to_string_pretty(&final_stats)?);
+    Ok(())
+}
+
+/// `backend` (serving the switches `group`) behind the `--link-emu` of its ports.
+fn with_link_emu<B: Backend>(
+    backend: B,
+    group: &[usize],
+    shared: &workers::Shared,
+) -> anyhow::Result<LinkEmuBackend<B>> {
+    let config = group.iter().flat_map(|&i| shared.link_emu[i].iter().cloned()).collect();
+    LinkEmuBackend::new(backend, config).context("link emulation")
 }

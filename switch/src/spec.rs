@@ -5,9 +5,9 @@ use std::net::Ipv4Addr;
 use std::str::FromStr;
 
 use anyhow::{anyhow, bail};
-use inc_controller::Topology;
 use inc_ctrl_proto::Mac;
 use inc_switch_io::PortSpec;
+use inc_topology::Topology;
 
 /// `--switch ID[:NAME][@NETNS]` or `NAME[@NETNS]` (name resolved by `--topology`).
 #[derive(Debug, Clone, PartialEq, Eq)]

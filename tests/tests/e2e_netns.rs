@@ -1,7 +1,8 @@
 //! End-to-end tests in fresh network namespaces: controller, switches (af_packet) and
 //! host programs as separate processes, driven by `scripts/demo`. Each test uses its
 //! own namespace prefix and checks that nothing is left behind. Skipped (with a
-//! message) when not root, without `ip netns`, or without release binaries.
+//! message, logged for `scripts/test`) when not root or without `ip netns`; in CI
+//! (`CI=true`) that is a failure instead.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use inc_tests::netns::{assert_clean, run_demo, skip_reason, unique_prefix};
 
 fn demo(tag: &str, host_bin: &str, args: &[&str]) {
     if let Some(why) = skip_reason(&[host_bin]) {
-        eprintln!("SKIP e2e {tag}: {why}");
+        inc_test_support::skip(&format!("e2e {tag}"), &why);
         return;
     }
     let prefix = unique_prefix(tag);

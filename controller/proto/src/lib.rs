@@ -24,5 +24,5 @@ pub use msg::{
 pub use rules::Peer;
 pub use rules::{
     ipv4_gid, udp_port_for_qpn, ConnectionRule, HostEndpoint, PortInfo, RankEndpoint, SwitchRules,
-    MAX_24BIT, ROCE_UDP_PORT, VALID_MTUS,
+    MAX_24BIT, MAX_WINDOW, ROCE_UDP_PORT, VALID_MTUS,
 };

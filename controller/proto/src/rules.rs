@@ -12,6 +12,8 @@ use crate::Mac;
 pub const ROCE_UDP_PORT: u16 = 4791;
 /// Payload sizes (bytes per packet) a communicator may use.
 pub const VALID_MTUS: [u16; 5] = [256, 512, 1024, 2048, 4096];
+/// Largest window (chunks a host keeps outstanding) a communicator may use.
+pub const MAX_WINDOW: u32 = 1 << 16;
 /// Largest 24-bit value (QPNs and PSNs are 24-bit).
 pub const MAX_24BIT: u32 = 0x00ff_ffff;
 
@@ -137,7 +139,8 @@ pub struct RankEndpoint {
     pub qpn: u32,
     /// First PSN the host sends.
     pub start_psn: u32,
-    /// UDP port the host receives RoCEv2 on (4791 for kernel RoCE).
+    /// UDP port the host receives RoCEv2 on: 4791 (kernel RoCE, RDMA NICs, and the
+    /// userspace transport unless another process on the same IP holds 4791).
     pub udp_port: u16,
 }
 

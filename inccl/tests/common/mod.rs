@@ -39,7 +39,10 @@ pub fn topology_path(name: &str) -> PathBuf {
 /// Returns false (the caller skips) if namespaces are not permitted here.
 pub fn enter_netns(ips: &[Ipv4Addr]) -> bool {
     if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
-        eprintln!("SKIPPED: cannot create a network namespace ({e}); run the tests as root");
+        inc_test_support::skip(
+            "inccl namespace test",
+            &format!("cannot create a network namespace ({e}); run the tests as root"),
+        );
         return false;
     }
     let run = |args: &[&str]| {

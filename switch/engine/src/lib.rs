@@ -257,9 +257,11 @@ const ARP_FRAME_LEN: usize = 60;
 pub struct SwitchEngine {
     cfg: SwitchEngineConfig,
     comms: BTreeMap<u32, Comm>,
-    qpns: HashMap<u32, (u32, usize)>,
+    /// Switch-side QPN -> (communicator, connection index).
+    by_qpn: HashMap<u32, (u32, usize)>,
+    /// Every (communicator, connection), polled round-robin so no connection starves.
     tx_order: Vec<(u32, usize)>,
-    rr: usize,
+    next_tx_turn: usize,
     arp_out: VecDeque<(usize, [u8; ARP_FRAME_LEN])>,
     events: VecDeque<SwitchEvent>,
     counters: SwitchCounters,
@@ -271,9 +273,9 @@ impl SwitchEngine {
         SwitchEngine {
             cfg: config,
             comms: BTreeMap::new(),
-            qpns: HashMap::new(),
+            by_qpn: HashMap::new(),
             tx_order: Vec::new(),
-            rr: 0,
+            next_tx_turn: 0,
             arp_out: VecDeque::new(),
             events: VecDeque::new(),
             counters: SwitchCounters::default(),
@@ -328,9 +330,9 @@ impl SwitchEngine {
             let port = self.cfg.ports.iter().position(|p| p.name == c.port).ok_or_else(|| {
                 EngineError::UnknownPort { comm_id, connection: i, port: c.port.clone() }
             })?;
-            let dup = rules.connections[..i].iter().any(|o| o.local_qpn == c.local_qpn);
+            let dup = rules.connections[..i].iter().any(|earlier| earlier.local_qpn == c.local_qpn);
             if dup
-                || self.qpns.contains_key(&c.local_qpn)
+                || self.by_qpn.contains_key(&c.local_qpn)
                 || c.local_qpn < 2
                 || c.local_qpn > inc_ctrl_proto::MAX_24BIT
             {
@@ -352,7 +354,7 @@ impl SwitchEngine {
         }
         let comm = Comm::new(rules, &ports, &self.cfg);
         for (i, c) in rules.connections.iter().enumerate() {
-            self.qpns.insert(c.local_qpn, (comm_id, i));
+            self.by_qpn.insert(c.local_qpn, (comm_id, i));
         }
         tracing::info!(
             comm_id,
@@ -369,7 +371,7 @@ impl SwitchEngine {
     pub fn remove(&mut self, comm_id: u32) -> Result<(), EngineError> {
         let comm = self.comms.remove(&comm_id).ok_or(EngineError::UnknownComm(comm_id))?;
         for qpn in comm.qpns() {
-            self.qpns.remove(&qpn);
+            self.by_qpn.remove(&qpn);
         }
         self.rebuild_tx_order();
         Ok(())
@@ -381,7 +383,7 @@ impl SwitchEngine {
             .iter()
             .flat_map(|(&id, c)| (0..c.conn_count()).map(move |i| (id, i)))
             .collect();
-        self.rr = 0;
+        self.next_tx_turn = 0;
     }
 
     /// Handles one received frame from port `port`.
@@ -414,25 +416,25 @@ impl SwitchEngine {
             self.counters.drops.bad_icrc += 1;
             return;
         }
-        let r = &parsed.repr;
-        let Some(&(comm_id, idx)) = self.qpns.get(&r.bth.dest_qp) else {
+        let packet = &parsed.repr;
+        let Some(&(comm_id, conn)) = self.by_qpn.get(&packet.bth.dest_qp) else {
             self.counters.drops.unknown_qpn += 1;
             return;
         };
         let comm = self.comms.get_mut(&comm_id).expect("qpn map follows comms");
-        if !comm.accepts(idx, port, r.ip_src) || r.ip_dst != self.cfg.ports[port].ip {
+        if !comm.accepts(conn, port, packet.ip_src) || packet.ip_dst != self.cfg.ports[port].ip {
             self.counters.drops.wrong_peer += 1;
             return;
         }
-        match r.bth.opcode {
+        match packet.bth.opcode {
             Opcode::RcAcknowledge | Opcode::RcSendOnly | Opcode::RcSendOnlyWithImmediate => {}
             _ => {
                 self.counters.drops.unsupported_opcode += 1;
                 return;
             }
         }
-        comm.learn_mac(idx, r.eth.src);
-        comm.handle_packet(now, idx, r, parsed.payload, &mut self.events);
+        comm.learn_mac(conn, packet.eth.src);
+        comm.handle_packet(now, conn, packet, parsed.payload, &mut self.events);
     }
 
     fn handle_arp(&mut self, port: usize, src_mac: EthernetAddress, payload: &[u8]) {
@@ -473,11 +475,11 @@ impl SwitchEngine {
         }
         let n = self.tx_order.len();
         for k in 0..n {
-            let i = (self.rr + k) % n;
+            let i = (self.next_tx_turn + k) % n;
             let (comm_id, idx) = self.tx_order[i];
             let comm = self.comms.get_mut(&comm_id).expect("tx order follows comms");
             if let Some(t) = comm.poll_transmit(now, idx, buf) {
-                self.rr = i + 1;
+                self.next_tx_turn = i + 1;
                 self.counters.tx_frames += 1;
                 return Some(t);
             }

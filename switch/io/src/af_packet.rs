@@ -1,4 +1,5 @@
-//! AF_PACKET backend: a TPACKET_V3 (or, for latency, TPACKET_V2) receive ring per port,
+//! AF_PACKET backend: a TPACKET_V2 receive ring per port (the default: per-frame
+//! hand-over, lowest latency) or, on request, a TPACKET_V3 one (per-block hand-over),
 //! batched `sendmmsg` transmit, `PACKET_QDISC_BYPASS`, `PACKET_IGNORE_OUTGOING`,
 //! promiscuous membership, and one epoll over every ring plus an eventfd waker.
 //!
@@ -12,7 +13,7 @@
 //! ([`RxRing::V2`]) hands over every frame at once (one wakeup per frame when idle),
 //! which removes that delay from every hop.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,13 +155,10 @@ fn iface_err(op: &'static str, spec: &PortSpec) -> impl FnOnce(std::io::Error) -
 fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDesc), IoError> {
     // Protocol 0: receive nothing until bound, so no frame lands in the socket's
     // ordinary queue (which would keep poll readable) before the ring exists.
-    // Safety: plain syscall; the fd is checked and owned below.
-    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(iface_err("socket(AF_PACKET)", spec)(std::io::Error::last_os_error()));
-    }
-    // Safety: `raw` is a fresh descriptor owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let fd = socket(AddressFamily::Packet, SockType::Raw, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| iface_err("socket(AF_PACKET)", spec)(e.into()))?;
+    let raw = fd.as_raw_fd();
     let ifindex = sys::if_index(&spec.ifname).map_err(iface_err("find interface", spec))?;
     let mac = sys::if_mac(fd.as_raw_fd(), &spec.ifname).map_err(iface_err("read MAC", spec))?;
     let mtu = sys::if_mtu(fd.as_raw_fd(), &spec.ifname).ok();
@@ -337,14 +335,14 @@ impl AfPacketBackend {
         let epoll = Epoll::new()?;
         let wake = Arc::new(EventFd::new()?);
         epoll
-            .add(wake.raw(), u64::MAX)
+            .add(wake.fd(), u64::MAX)
             .map_err(|source| IoError::Sys { op: "epoll add", source })?;
         let mut socks = Vec::with_capacity(ports.len());
         let mut descs = Vec::with_capacity(ports.len());
         for (i, spec) in ports.iter().enumerate() {
             let (s, c) = (spec.clone(), config.clone());
             let (sock, desc) = sys::in_netns(spec.netns.as_deref(), move || open_port(&s, &c))?;
-            epoll.add(sock.fd.as_raw_fd(), i as u64).map_err(|source| IoError::Interface {
+            epoll.add(&sock.fd, i as u64).map_err(|source| IoError::Interface {
                 op: "epoll add",
                 iface: spec.label(),
                 source,
@@ -544,16 +542,16 @@ impl Backend for AfPacketBackend {
         if self.socks.iter().any(|s| s.ring.ready()) {
             return Ok(());
         }
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
+        let mut events = sys::events::<16>();
         let n = self
             .epoll
             .wait(timeout, &mut events)
             .map_err(|source| IoError::Sys { op: "epoll_wait", source })?;
         for ev in &events[..n] {
-            let (flags, token) = (ev.events, ev.u64);
+            let token = sys::token(ev);
             if token == u64::MAX {
                 self.wake.drain();
-            } else if flags & (libc::EPOLLERR as u32) != 0 {
+            } else if sys::is_error(ev) {
                 // A pending socket error (interface down or gone) keeps the fd ready;
                 // take it so the loop does not spin, and report it once.
                 let p = token as usize;

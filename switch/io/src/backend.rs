@@ -195,6 +195,12 @@ pub trait Backend: Send + fmt::Debug {
     /// Counters of one port (panics if `port` is out of range).
     fn port_counters(&mut self, port: usize) -> PortCounters;
 
+    /// How a port is driven when the backend has a choice (AF_XDP: `xdp=native` or
+    /// `xdp=generic`), for the stats; `None` when there is nothing to report.
+    fn port_detail(&self, _port: usize) -> Option<String> {
+        None
+    }
+
     /// Link emulation settings and counters of one port, if it is emulated (see
     /// [`LinkEmuBackend`](crate::link_emu::LinkEmuBackend)).
     fn link_emu_stats(&self, _port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {

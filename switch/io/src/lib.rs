@@ -11,11 +11,13 @@
 //! - wait for receive readiness across all ports, a [`Waker`] or a timeout
 //!   ([`Backend::wait`]); nothing busy-polls.
 //!
-//! [`link_emu`] wraps any backend to emulate lossy, slow or misbehaving links.
+//! Backends: [`memory`] (in-process, for tests), [`af_packet`] (TPACKET_V2 receive ring
+//! by default, V3 on request, `sendmmsg` transmit), [`libpcap`] (libpcap live handles),
+//! [`af_xdp`] (XSK sockets with an XDP redirect program) and, with cargo feature `dpdk`,
+//! the `dpdk` module (DPDK ethdevs over the system libdpdk); all but `memory` are Linux
+//! only. All `unsafe` of the switch lives in this crate, in the backend modules.
 //!
-//! Backends: [`memory`] (in-process, for tests) and [`af_packet`] (TPACKET_V3 receive
-//! ring, `sendmmsg` transmit, Linux only). All `unsafe` of the switch lives in this crate,
-//! in the backend modules.
+//! [`link_emu`] wraps any backend to emulate lossy, slow or misbehaving links.
 
 pub mod backend;
 pub mod link_emu;
@@ -24,6 +26,17 @@ pub mod memory;
 #[cfg(target_os = "linux")]
 pub mod af_packet;
 #[cfg(target_os = "linux")]
+pub mod af_xdp;
+#[cfg(target_os = "linux")]
+pub mod libpcap;
+#[cfg(target_os = "linux")]
 mod sys;
+#[cfg(target_os = "linux")]
+pub mod xdp_prog;
+
+#[cfg(all(target_os = "linux", feature = "dpdk"))]
+pub mod dpdk;
+#[cfg(all(target_os = "linux", feature = "dpdk"))]
+mod dpdk_ffi;
 
 pub use backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Wake, Waker};

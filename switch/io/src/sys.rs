@@ -1,14 +1,36 @@
-//! Thin, audited wrappers over the Linux system calls the backends need: epoll,
-//! eventfd, network-namespace entry and interface queries.
+//! System-call helpers of the backends. epoll, eventfd, namespace entry and interface
+//! lookup come from `nix`; what it does not cover (packet-socket options, interface
+//! ioctls) is thin, audited `libc`.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nix::sched::{setns, CloneFlags};
+use nix::sys::epoll::{self, EpollCreateFlags, EpollFlags, EpollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd as NixEventFd};
+
 use crate::backend::{IoError, Wake};
+
+/// A ready event of [`Epoll::wait`].
+pub(crate) type Event = epoll::EpollEvent;
+
+/// Token of a ready event (what [`Epoll::add`] was given).
+pub(crate) fn token(ev: &Event) -> u64 {
+    ev.data()
+}
+
+/// True if the event reports an error condition on the fd.
+pub(crate) fn is_error(ev: &Event) -> bool {
+    ev.events().contains(EpollFlags::EPOLLERR)
+}
+
+/// An empty event array for [`Epoll::wait`].
+pub(crate) fn events<const N: usize>() -> [Event; N] {
+    [Event::empty(); N]
+}
 
 /// Last OS error as `io::Error`.
 fn last() -> io::Error {
@@ -18,29 +40,19 @@ fn last() -> io::Error {
 /// An epoll instance watching fds for readability (level-triggered).
 #[derive(Debug)]
 pub(crate) struct Epoll {
-    fd: OwnedFd,
+    inner: epoll::Epoll,
 }
 
 impl Epoll {
     pub(crate) fn new() -> Result<Self, IoError> {
-        // Safety: plain syscall; the returned fd is checked and owned below.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(IoError::Sys { op: "epoll_create1", source: last() });
-        }
-        // Safety: `fd` is a fresh, valid descriptor that nothing else owns.
-        Ok(Epoll { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        let inner = epoll::Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| IoError::Sys { op: "epoll_create1", source: e.into() })?;
+        Ok(Epoll { inner })
     }
 
     /// Watch `fd` for readability.
-    pub(crate) fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
-        // Safety: `ev` is a valid epoll_event for the duration of the call; both fds are open.
-        let rc = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        if rc < 0 {
-            return Err(last());
-        }
-        Ok(())
+    pub(crate) fn add(&self, fd: impl AsFd, token: u64) -> io::Result<()> {
+        self.inner.add(fd, Event::new(EpollFlags::EPOLLIN, token)).map_err(io::Error::from)
     }
 
     /// Wait for readiness; `None` blocks indefinitely. Timeouts are rounded up to whole
@@ -49,24 +61,20 @@ impl Epoll {
     pub(crate) fn wait(
         &self,
         timeout: Option<Duration>,
-        events: &mut [libc::epoll_event],
+        events: &mut [Event],
     ) -> io::Result<usize> {
-        let ms: libc::c_int = match timeout {
-            None => -1,
-            Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int,
-        };
-        // Safety: `events` is a writable array of the length passed.
-        let n = unsafe {
-            libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, ms)
-        };
-        if n < 0 {
-            let e = last();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(0);
+        let timeout = match timeout {
+            None => EpollTimeout::NONE,
+            Some(t) => {
+                let ms = t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+                EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
             }
-            return Err(e);
+        };
+        match self.inner.wait(events, timeout) {
+            Ok(n) => Ok(n),
+            Err(nix::errno::Errno::EINTR) => Ok(0),
+            Err(e) => Err(e.into()),
         }
-        Ok(n as usize)
     }
 }
 
@@ -80,37 +88,32 @@ pub(crate) fn take_socket_error(fd: RawFd) -> Option<io::Error> {
 /// An eventfd used as a cross-thread waker.
 #[derive(Debug)]
 pub(crate) struct EventFd {
-    fd: OwnedFd,
+    inner: NixEventFd,
 }
 
 impl EventFd {
     pub(crate) fn new() -> Result<Self, IoError> {
-        // Safety: plain syscall; the returned fd is checked and owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(IoError::Sys { op: "eventfd", source: last() });
-        }
-        // Safety: `fd` is a fresh, valid descriptor that nothing else owns.
-        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        let inner = NixEventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| IoError::Sys { op: "eventfd", source: e.into() })?;
+        Ok(EventFd { inner })
     }
 
-    pub(crate) fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// The fd, to watch with [`Epoll::add`].
+    pub(crate) fn fd(&self) -> impl AsFd + '_ {
+        self.inner.as_fd()
     }
 
     /// Reset the counter so the fd stops being readable.
     pub(crate) fn drain(&self) {
-        let mut v = 0u64;
-        // Safety: reads 8 bytes into a live u64; EAGAIN (nothing pending) is fine.
-        let _ = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        // EAGAIN (nothing pending) is fine.
+        let _ = self.inner.read();
     }
 }
 
 impl Wake for EventFd {
     fn wake(&self) {
-        let v = 1u64;
-        // Safety: writes 8 bytes from a live u64; a saturated counter (EAGAIN) still wakes.
-        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&v as *const u64).cast(), 8) };
+        // A saturated counter (EAGAIN) still wakes.
+        let _ = self.inner.write(1);
     }
 }
 
@@ -139,21 +142,14 @@ where
     let handle = std::thread::Builder::new()
         .name(format!("netns-{ns}"))
         .spawn(move || {
-            let file = File::open(&path).map_err(|source| IoError::Netns {
+            let fail = |source: io::Error| IoError::Netns {
                 netns: ns.clone(),
                 path: path.display().to_string(),
                 source,
-            })?;
-            // Safety: `file` is an open namespace fd; CLONE_NEWNET only switches this
-            // helper thread's network namespace.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            if rc < 0 {
-                return Err(IoError::Netns {
-                    netns: ns,
-                    path: path.display().to_string(),
-                    source: last(),
-                });
-            }
+            };
+            let file = File::open(&path).map_err(fail)?;
+            // Only this helper thread changes namespace.
+            setns(file, CloneFlags::CLONE_NEWNET).map_err(|e| fail(e.into()))?;
             f()
         })
         .map_err(|source| IoError::Sys { op: "spawn netns helper thread", source })?;
@@ -162,13 +158,7 @@ where
 
 /// Interface index of `ifname` in the calling thread's namespace.
 pub(crate) fn if_index(ifname: &str) -> io::Result<u32> {
-    let c = CString::new(ifname).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // Safety: `c` is a valid NUL-terminated string for the duration of the call.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
-        return Err(last());
-    }
-    Ok(idx)
+    nix::net::if_::if_nametoindex(ifname).map_err(io::Error::from)
 }
 
 /// An `ifreq` naming `ifname`.
@@ -237,4 +227,12 @@ pub(crate) fn getsockopt<T: Copy>(fd: RawFd, level: i32, name: i32, val: &mut T)
         return Err(last());
     }
     Ok(())
+}
+
+/// MAC address and MTU of `ifname` in the calling thread's namespace, through a
+/// throw-away datagram socket (for backends whose own sockets take no interface ioctls).
+pub(crate) fn if_mac_mtu(ifname: &str) -> io::Result<([u8; 6], u32)> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let fd = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    Ok((if_mac(fd.as_raw_fd(), ifname)?, if_mtu(fd.as_raw_fd(), ifname)?))
 }

@@ -27,14 +27,7 @@ fn ip(args: &[&str]) -> bool {
 
 /// Two namespaces joined by a veth pair `a0` <-> `b0`, or `None` (skip).
 fn setup(tag: &str) -> Option<Netns> {
-    // Root is uid 0 in /proc/self/status.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root =
-        status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    let has_netns =
-        Command::new("ip").args(["netns", "list"]).output().is_ok_and(|o| o.status.success());
-    if !root || !has_netns {
-        eprintln!("SKIP: needs root and `ip netns`");
+    if !inc_test_support::netns_ready(&format!("af_packet_netns::{tag}")) {
         return None;
     }
     let a = format!("incio-{}-{tag}-a", std::process::id());

@@ -1,8 +1,10 @@
-//! Userspace RoCEv2 over an unconnected UDP socket per QP.
+//! Userspace RoCEv2 over an unconnected UDP socket on the RoCEv2 port.
 //!
-//! The socket is bound to the data-plane IP and its own UDP port (registered as the
-//! rank's `udp_port`, so the switch sends there) with `IP_PMTUDISC_DO`: the kernel then
-//! writes IPv4 ID 0, DF, TTL 64, TOS 0, exactly the bytes the engine's ICRC covers.
+//! One socket per process and data-plane IP, bound to `ip:4791` and shared by every QP
+//! of the process (demultiplexed by destination QPN, see [`port`]), with
+//! `IP_PMTUDISC_DO`: the kernel then writes IPv4 ID 0, DF, TTL 64, TOS 0, exactly the
+//! bytes the engine's ICRC covers. The rank registers port 4791, so switches send to it
+//! as to any RoCE device.
 //! Sending strips the 42-byte Ethernet/IPv4/UDP headers of an engine frame and sends
 //! BTH..ICRC to the switch; receiving lands the datagram at offset 42 of a slot and
 //! rebuilds the headers in front of it (ID 0, DF, TTL 64, addresses and ports from the
@@ -13,12 +15,12 @@
 //! switch's RC connection never times out while the application computes. The thread
 //! sleeps in `poll` on the socket and the engine's next timer.
 
+mod port;
 mod sys;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixDatagram;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -34,6 +36,7 @@ use inccl_engine::{CollectiveSpec, HostEngine, HostOptions, HostQpConfig, OpBuff
 use nix::poll::PollFlags;
 use tracing::{debug, trace};
 
+use self::port::{Attachment, Inbox, SharedPort};
 use self::sys::{RecvMeta, BATCH};
 use super::{random_qpn_psn, Transport};
 use crate::config::CommConfig;
@@ -72,7 +75,7 @@ pub struct UdpStats {
 /// point-to-point benchmark in `hosts/`.
 #[derive(Debug)]
 pub struct RoceSocket {
-    sock: UdpSocket,
+    sock: Arc<UdpSocket>,
     local: SocketAddrV4,
     mac: Mac,
     tx: Vec<u8>,
@@ -83,24 +86,26 @@ pub struct RoceSocket {
 impl RoceSocket {
     /// Bind `ip:port` (port 0: any); `mac` is the destination MAC of rebuilt frames.
     pub fn bind(ip: Ipv4Addr, port: u16, mac: Mac) -> io::Result<RoceSocket> {
-        let sock = UdpSocket::bind(SocketAddrV4::new(ip, port))?;
-        sys::set_pmtudisc_do(sock.as_fd())?;
-        sys::set_buffers(sock.as_fd(), RCVBUF, SNDBUF);
-        sock.set_nonblocking(true)?;
+        let sock = bind_socket(ip, port)?;
         let local = match sock.local_addr()? {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(a) => {
                 return Err(io::Error::other(format!("socket bound to non-IPv4 {a}")));
             }
         };
-        Ok(RoceSocket {
+        Ok(RoceSocket::on(Arc::new(sock), local, mac))
+    }
+
+    /// Batched I/O (with buffers of its own) on a socket shared with other QPs.
+    fn on(sock: Arc<UdpSocket>, local: SocketAddrV4, mac: Mac) -> RoceSocket {
+        RoceSocket {
             sock,
             local,
             mac,
             tx: vec![0; SLOT * BATCH],
             rx: vec![0; SLOT * BATCH],
             stats: UdpStats::default(),
-        })
+        }
     }
 
     /// Bound address.
@@ -157,7 +162,7 @@ impl RoceSocket {
             while done < n {
                 match sys::send_batch(self.sock.as_fd(), &pkts[done..n]) {
                     Ok(0) if Instant::now() < deadline => {
-                        wait(&self.sock, PollFlags::POLLOUT, Duration::from_millis(10))?;
+                        wait(&[self.sock.as_fd()], PollFlags::POLLOUT, Duration::from_millis(10))?;
                     }
                     // Full for too long: what is left is lost; RC resends it.
                     Ok(0) => {
@@ -194,6 +199,23 @@ impl RoceSocket {
         peer_mac: Mac,
         mut handle: impl FnMut(&[u8]),
     ) -> io::Result<usize> {
+        let (local, mac) = (self.local, self.mac);
+        self.recv_datagrams(|from, frame| {
+            if !accept_frame(frame, from, local, from_ip, peer_mac, mac) {
+                return false;
+            }
+            handle(frame);
+            true
+        })
+    }
+
+    /// Receive every queued datagram without blocking and give each to `handle` with
+    /// [`HEADERS`] bytes of headroom in front (`frame[HEADERS..]` is the datagram);
+    /// `handle` returns false for a datagram it drops. Returns datagrams taken.
+    fn recv_datagrams(
+        &mut self,
+        mut handle: impl FnMut(SocketAddrV4, &mut [u8]) -> bool,
+    ) -> io::Result<usize> {
         let mut handled = 0;
         let mut meta = [RecvMeta { len: 0, from: self.local, truncated: false }; BATCH];
         loop {
@@ -205,20 +227,16 @@ impl RoceSocket {
                 };
             for (i, m) in meta[..got].iter().enumerate() {
                 self.stats.rx_bytes += m.len as u64;
-                // A switch sends from a per-connection source port (not 4791): only its
-                // address identifies it; the engine checks the QPN and the ICRC.
-                if m.truncated || *m.from.ip() != from_ip {
-                    trace!(from = %m.from, len = m.len, truncated = m.truncated, "datagram dropped");
+                if m.truncated {
+                    trace!(from = %m.from, len = m.len, "truncated datagram dropped");
                     self.stats.rx_dropped += 1;
                     continue;
                 }
-                let frame = &mut self.rx[i * SLOT..i * SLOT + HEADERS + m.len];
-                if rebuild_headers(frame, m.from, self.local, peer_mac, self.mac).is_err() {
+                if handle(m.from, &mut self.rx[i * SLOT..i * SLOT + HEADERS + m.len]) {
+                    handled += 1;
+                } else {
                     self.stats.rx_dropped += 1;
-                    continue;
                 }
-                handle(frame);
-                handled += 1;
             }
             self.stats.rx_packets += got as u64;
             if got < BATCH {
@@ -229,8 +247,35 @@ impl RoceSocket {
 
     /// Wait up to `timeout` for a datagram; true if one is queued.
     pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        wait(&self.sock, PollFlags::POLLIN, timeout)
+        wait(&[self.sock.as_fd()], PollFlags::POLLIN, timeout)
     }
+}
+
+/// A non-blocking UDP socket on `ip:port` with the RoCEv2 options.
+fn bind_socket(ip: Ipv4Addr, port: u16) -> io::Result<UdpSocket> {
+    let sock = UdpSocket::bind(SocketAddrV4::new(ip, port))?;
+    sys::set_pmtudisc_do(sock.as_fd())?;
+    sys::set_buffers(sock.as_fd(), RCVBUF, SNDBUF);
+    sock.set_nonblocking(true)?;
+    Ok(sock)
+}
+
+/// Check that a received datagram comes from the switch and give it the headers it had
+/// on the wire. A switch sends from a per-connection source port (not 4791): only its
+/// address identifies it; the engine checks the QPN and the ICRC.
+fn accept_frame(
+    frame: &mut [u8],
+    from: SocketAddrV4,
+    local: SocketAddrV4,
+    switch_ip: Ipv4Addr,
+    switch_mac: Mac,
+    mac: Mac,
+) -> bool {
+    if *from.ip() != switch_ip {
+        trace!(%from, "datagram not from the switch dropped");
+        return false;
+    }
+    rebuild_headers(frame, from, local, switch_mac, mac).is_ok()
 }
 
 /// The QP state shared by the caller's thread (inside collectives) and the progress
@@ -238,6 +283,7 @@ impl RoceSocket {
 #[derive(Debug)]
 struct Core {
     io: RoceSocket,
+    qp: Attachment,
     epoch: Instant,
     engine: HostEngine,
     switch: SocketAddrV4,
@@ -257,11 +303,37 @@ impl Core {
         })
     }
 
-    /// Feed every queued datagram to the engine. Returns packets handled.
+    /// Feed every datagram for this QP to the engine: those other threads received for
+    /// it, then those queued on the socket (handing other QPs theirs). Returns packets
+    /// handled.
     fn receive(&mut self, bufs: &mut OpBuffers<'_>) -> io::Result<usize> {
         let now = self.now();
-        let Core { io, engine, switch, switch_mac, .. } = self;
-        io.recv_frames(*switch.ip(), *switch_mac, |frame| engine.handle_frame(now, frame, bufs))
+        let Core { io, qp, engine, switch, switch_mac, .. } = self;
+        let (local, mac, switch_ip) = (io.local, io.mac, *switch.ip());
+        let mut handled = 0;
+        for (from, mut frame) in qp.take_forwarded() {
+            if accept_frame(&mut frame, from, local, switch_ip, *switch_mac, mac) {
+                engine.handle_frame(now, &frame, bufs);
+                handled += 1;
+            }
+        }
+        io.recv_datagrams(|from, frame| {
+            if !qp.is_mine(from, frame) {
+                return true;
+            }
+            if !accept_frame(frame, from, local, switch_ip, *switch_mac, mac) {
+                return false;
+            }
+            engine.handle_frame(now, frame, bufs);
+            handled += 1;
+            true
+        })?;
+        Ok(handled)
+    }
+
+    /// Wait up to `timeout` for a datagram on the socket or in this QP's inbox.
+    fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
+        wait(&[self.io.sock.as_fd(), self.qp.inbox().wake_fd()], PollFlags::POLLIN, timeout)
     }
 
     fn fire_timers(&mut self) {
@@ -298,35 +370,35 @@ fn lock(core: &Mutex<Core>) -> MutexGuard<'_, Core> {
 #[derive(Debug)]
 struct Progress {
     stop: Arc<AtomicBool>,
-    wake: UnixDatagram,
+    inbox: Arc<Inbox>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        self.wake.send(&[1]).ok();
+        self.inbox.wake();
         if let Some(t) = self.thread.take() {
             t.join().ok();
         }
     }
 }
 
-fn progress_loop(
-    core: Arc<Mutex<Core>>,
-    sock: UdpSocket,
-    wake: UnixDatagram,
-    stop: Arc<AtomicBool>,
-) {
+fn progress_loop(core: Arc<Mutex<Core>>, sock: Arc<UdpSocket>, stop: Arc<AtomicBool>) {
     use nix::poll::{poll, PollFd, PollTimeout};
     while !stop.load(Ordering::Relaxed) {
-        let timer = {
+        let (timer, inbox) = {
             let mut c = lock(&core);
             if let Err(e) = c.service_idle() {
                 debug!(error = %e, "progress thread: socket error");
             }
-            c.next_timer()
+            (c.next_timer(), c.qp.inbox_handle())
         };
+        // Receiving drained the inbox's wake-up socket, which also carries the stop
+        // request: look again before sleeping on it.
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
         let timeout = match timer {
             // Round up so a sub-millisecond timer does not spin.
             Some(t) => PollTimeout::from(t.as_nanos().div_ceil(1_000_000).min(60_000) as u16),
@@ -334,7 +406,7 @@ fn progress_loop(
         };
         let mut fds = [
             PollFd::new(sock.as_fd(), PollFlags::POLLIN),
-            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+            PollFd::new(inbox.wake_fd(), PollFlags::POLLIN),
         ];
         poll(&mut fds, timeout).ok();
         // While a collective runs, the caller holds the lock and this thread waits on
@@ -344,8 +416,8 @@ fn progress_loop(
 
 #[derive(Debug)]
 pub(crate) struct UdpTransport {
-    /// Before `connect`: the socket alone.
-    io: Option<RoceSocket>,
+    /// Before `connect`: the QP's place on the shared socket.
+    qp: Option<Attachment>,
     core: Option<Arc<Mutex<Core>>>,
     progress: Option<Progress>,
     local: SocketAddrV4,
@@ -360,14 +432,15 @@ pub(crate) struct UdpTransport {
 
 impl UdpTransport {
     pub(crate) fn open(dp: &DataPlane, rank: u16, cfg: &CommConfig) -> Result<Self> {
-        let io = RoceSocket::bind(dp.ip, 0, dp.mac).map_err(|e| {
-            Error::io(format!("rank {rank}: data-plane UDP socket on {}", dp.ip), e)
-        })?;
-        let (qpn, start_psn) = random_qpn_psn();
-        let local = io.local_addr();
+        let ctx = || format!("rank {rank}: data-plane UDP socket on {}", dp.ip);
+        let port =
+            SharedPort::get(dp.ip, |p| bind_socket(dp.ip, p)).map_err(|e| Error::io(ctx(), e))?;
+        let qp = port.attach(|| random_qpn_psn().0).map_err(|e| Error::io(ctx(), e))?;
+        let (qpn, start_psn) = (qp.qpn(), random_qpn_psn().1);
+        let local = port.local_addr();
         debug!(rank, %local, qpn, start_psn, "userspace RoCEv2 QP created");
         Ok(UdpTransport {
-            io: Some(io),
+            qp: Some(qp),
             core: None,
             progress: None,
             local,
@@ -415,7 +488,7 @@ impl Transport for UdpTransport {
                 ),
             });
         }
-        let Some(io) = self.io.take() else {
+        let Some(qp) = self.qp.take() else {
             return Err(Error::Unusable("communicator", "its QP is already connected".into()));
         };
         let config = HostQpConfig::from_endpoint(
@@ -425,31 +498,28 @@ impl Transport for UdpTransport {
             *self.local.ip(),
         );
         let opts = HostOptions { progress_timeout: self.op_timeout, ..HostOptions::default() };
-        let poll_sock = io.sock.try_clone().map_err(|e| {
-            Error::io(format!("rank {}: cloning the data-plane socket", self.rank), e)
-        })?;
+        let sock = qp.port().socket().clone();
+        let inbox = qp.inbox_handle();
         let core = Arc::new(Mutex::new(Core {
-            io,
+            io: RoceSocket::on(sock.clone(), self.local, self.mac),
+            qp,
             epoch: Instant::now(),
             engine: HostEngine::with_options(config, opts),
             switch: SocketAddrV4::new(ep.switch_ip, inc_wire::ROCEV2_PORT),
             switch_mac: ep.switch_mac,
         }));
-        let (wake, wake_rx) = UnixDatagram::pair().map_err(|e| {
-            Error::io(format!("rank {}: progress thread wake-up socket", self.rank), e)
-        })?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (core, stop) = (core.clone(), stop.clone());
             std::thread::Builder::new()
                 .name(format!("inccl-progress-{}", ep.comm_id))
-                .spawn(move || progress_loop(core, poll_sock, wake_rx, stop))
+                .spawn(move || progress_loop(core, sock, stop))
                 .map_err(|e| {
                     Error::io(format!("rank {}: starting the progress thread", self.rank), e)
                 })?
         };
         self.core = Some(core);
-        self.progress = Some(Progress { stop, wake, thread: Some(thread) });
+        self.progress = Some(Progress { stop, inbox, thread: Some(thread) });
         self.comm_id = ep.comm_id;
         self.switch_id = ep.switch_id;
         Ok(())
@@ -477,9 +547,9 @@ impl Transport for UdpTransport {
             }
             let stall_left = stall_limit.saturating_sub(last_rx.elapsed());
             let wait_for = c.next_timer().map_or(stall_left, |t| t.min(stall_left));
-            let readable =
-                c.io.wait_readable(wait_for)
-                    .map_err(|e| self.fail(format!("poll on {}: {e}", self.local)))?;
+            let readable = c
+                .wait_readable(wait_for)
+                .map_err(|e| self.fail(format!("poll on {}: {e}", self.local)))?;
             if readable {
                 let n = c
                     .receive(&mut bufs)
@@ -493,13 +563,16 @@ impl Transport for UdpTransport {
                 return Err(self.fail(format!(
                     "{:?} of {} elements made no progress for {stall_limit:?}: nothing received \
                      from switch {} at {} (a peer rank or switch may be down); engine {:?}; \
-                     socket {:?}",
+                     socket {:?}; {} datagrams for no QP of this process, {} dropped from a full \
+                     inbox",
                     spec.kind,
                     spec.count,
                     self.switch_id,
                     c.switch,
                     c.engine.counters(),
-                    c.io.stats()
+                    c.io.stats(),
+                    c.qp.port().stray(),
+                    c.qp.inbox().dropped(),
                 )));
             }
         }
@@ -528,12 +601,12 @@ fn is_local_drop(e: &io::Error) -> bool {
     )
 }
 
-/// Wait up to `timeout` for `events` on the socket; true if ready.
-fn wait(sock: &UdpSocket, events: PollFlags, timeout: Duration) -> io::Result<bool> {
+/// Wait up to `timeout` for `events` on any of `fds`; true if one is ready.
+fn wait(fds: &[BorrowedFd<'_>], events: PollFlags, timeout: Duration) -> io::Result<bool> {
     use nix::poll::{poll, PollFd, PollTimeout};
     // Round up so a sub-millisecond timer does not become a busy loop.
     let ms = timeout.as_nanos().div_ceil(1_000_000).min(u128::from(u16::MAX)) as u16;
-    let mut fds = [PollFd::new(sock.as_fd(), events)];
+    let mut fds: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(*fd, events)).collect();
     match poll(&mut fds, PollTimeout::from(ms)) {
         Ok(n) => Ok(n > 0),
         Err(nix::errno::Errno::EINTR) => Ok(false),

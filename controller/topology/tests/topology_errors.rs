@@ -1,6 +1,6 @@
 //! Validation errors name the file, line/column and element.
 
-use inc_controller::Topology;
+use inc_topology::Topology;
 
 const GOOD: &str = r#"name: t
 controller:
@@ -144,7 +144,7 @@ fn invalid_addresses() {
 
 #[test]
 fn shipped_topologies_are_valid() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../topologies");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topologies");
     let mut n = 0;
     for f in std::fs::read_dir(dir).unwrap() {
         let p = f.unwrap().path();

@@ -1,0 +1,283 @@
+//! Command line and the run configuration derived from it.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+
+/// Benchmark the INC switch backends on a topology in network namespaces, with
+/// dpdk-testpmd, kernel forwarding and OpenMPI MPI_Allreduce measured in the same run
+/// on the same veths.
+#[derive(Debug, Parser)]
+#[command(name = "inc-bench", version)]
+pub struct Args {
+    /// Topology YAML.
+    #[arg(long, default_value = "topologies/1-2-4.yaml")]
+    pub topology: PathBuf,
+    /// Switch backends to measure, in order (one "not built" row for each the switch
+    /// binary does not support).
+    #[arg(long, value_delimiter = ',', default_value = "af_packet,pcap,af_xdp,dpdk")]
+    pub backends: Vec<String>,
+    /// Collectives: allreduce, reduce, broadcast.
+    #[arg(long, value_delimiter = ',', default_value = "allreduce")]
+    pub collectives: Vec<String>,
+    /// Datatypes: int32, float32 (operator: sum).
+    #[arg(long, value_delimiter = ',', default_value = "int32")]
+    pub dtypes: Vec<String>,
+    /// Smallest message in bytes (K/M/G suffixes are powers of 1024).
+    #[arg(long, default_value = "4")]
+    pub min_size: String,
+    /// Largest message in bytes.
+    #[arg(long, default_value = "1G")]
+    pub max_size: String,
+    /// Size step factor.
+    #[arg(long, default_value_t = 4)]
+    pub factor: u64,
+    /// Timed iterations per size (fewer for large sizes, see --cap).
+    #[arg(long, default_value_t = 20)]
+    pub iters: u32,
+    /// Warm-up iterations per size (fewer for large sizes, see --cap).
+    #[arg(long, default_value_t = 3)]
+    pub warmup: u32,
+    /// Bytes per rank moved per size and system: iterations = max(3, min(iters, cap/size)),
+    /// warm-up = max(1, min(warmup, cap/size)).
+    #[arg(long, default_value = "512M")]
+    pub cap: String,
+    /// Iterations of the small-message tests (1-element AllReduce, Barrier).
+    #[arg(long, default_value_t = 2000)]
+    pub small_iters: u32,
+    /// Rounds: every system measured once per round, rounds interleaved (medians and
+    /// spread over rounds).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
+    /// Seconds of traffic per frame-rate reference (testpmd, kernel forwarding).
+    #[arg(long, default_value_t = 5.0)]
+    pub ref_seconds: f64,
+    /// Message size of the counted INC-vs-ring bytes comparison.
+    #[arg(long, default_value = "16M")]
+    pub ring_size: String,
+    /// Skip the references (MPI, testpmd, kernel forwarding).
+    #[arg(long)]
+    pub no_refs: bool,
+    /// Short run for CI: 4 B .. 64 KiB, 5 iterations, 100 small-message iterations, 1 s
+    /// references (explicit size/iteration options are ignored).
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory (table, CSV, JSON, SVG, logs).
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Directory of inc-switch, inc-controller and the inccl-* host programs (default:
+    /// the directory of this executable).
+    #[arg(long, env = "INC_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+    /// Namespace prefix (default: b<pid>).
+    #[arg(long)]
+    pub prefix: Option<String>,
+    /// Extra arguments for every `inc-switch run` (whitespace separated).
+    #[arg(long, env = "INC_SWITCH_ARGS", default_value = "")]
+    pub switch_args: String,
+    /// Record a `perf` profile of the switch process and of rank 0 during this message size
+    /// (first backend, first round), e.g. 64M.
+    #[arg(long)]
+    pub perf_size: Option<String>,
+}
+
+/// A collective the host programs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Coll {
+    /// AllReduce.
+    AllReduce,
+    /// Reduce to rank 0.
+    Reduce,
+    /// Broadcast from rank 0.
+    Broadcast,
+    /// Barrier (latency only).
+    Barrier,
+}
+
+impl Coll {
+    /// Name used in tables and program names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "allreduce",
+            Coll::Reduce => "reduce",
+            Coll::Broadcast => "broadcast",
+            Coll::Barrier => "barrier",
+        }
+    }
+
+    /// nccl-tests bus bandwidth factor for `n` ranks.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        match self {
+            Coll::AllReduce => 2.0 * (n as f64 - 1.0) / n as f64,
+            _ => 1.0,
+        }
+    }
+
+    fn parse(s: &str) -> anyhow::Result<Coll> {
+        Ok(match s {
+            "allreduce" => Coll::AllReduce,
+            "reduce" => Coll::Reduce,
+            "broadcast" => Coll::Broadcast,
+            _ => bail!("unknown collective `{s}` in --collectives (allreduce, reduce, broadcast)"),
+        })
+    }
+}
+
+/// Everything a run needs, resolved from [`Args`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Backends in order.
+    pub backends: Vec<String>,
+    /// Collectives of the size sweep.
+    pub collectives: Vec<Coll>,
+    /// Datatypes.
+    pub dtypes: Vec<String>,
+    /// Message sizes in bytes.
+    pub sizes: Vec<u64>,
+    /// Timed iterations (upper bound).
+    pub iters: u32,
+    /// Warm-up iterations (upper bound).
+    pub warmup: u32,
+    /// Byte cap per size.
+    pub cap: u64,
+    /// Small-message iterations.
+    pub small_iters: u32,
+    /// Rounds.
+    pub rounds: u32,
+    /// Seconds per frame-rate reference.
+    pub ref_seconds: f64,
+    /// Size of the counted bytes comparison.
+    pub ring_size: u64,
+    /// Run the references.
+    pub refs: bool,
+    /// Size to profile.
+    pub perf_size: Option<u64>,
+}
+
+/// Parse `4`, `16K`, `64M`, `1G` (powers of 1024).
+pub fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: u64 =
+        num.parse().with_context(|| format!("`{s}` is not a size (e.g. 4, 16K, 64M, 1G)"))?;
+    n.checked_mul(mult).with_context(|| format!("size `{s}` is too large"))
+}
+
+/// Human size: 4 B, 16 KiB, 64 MiB, 1 GiB.
+pub fn human_size(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+/// Iterations and warm-up iterations for a message of `bytes`.
+pub fn iterations(cfg: &Config, bytes: u64) -> (u32, u32) {
+    let fit = cfg.cap / bytes.max(1);
+    let clamp = |n: u32, lo: u32| (u64::from(n).min(fit) as u32).max(lo);
+    (clamp(cfg.warmup, 1), clamp(cfg.iters, 3))
+}
+
+impl Config {
+    /// Resolve and check the arguments.
+    pub fn from_args(a: &Args) -> anyhow::Result<Config> {
+        let collectives =
+            a.collectives.iter().map(|c| Coll::parse(c.trim())).collect::<anyhow::Result<_>>()?;
+        for d in &a.dtypes {
+            if d != "int32" && d != "float32" {
+                bail!("unknown datatype `{d}` in --dtypes (int32, float32)");
+            }
+        }
+        if a.factor < 2 {
+            bail!("--factor must be at least 2");
+        }
+        let (min, max, iters, warmup, small_iters, ref_seconds, ring_size) = if a.quick {
+            (4, 64 << 10, 5, 1, 100, 1.0, 256 << 10)
+        } else {
+            (
+                parse_size(&a.min_size)?,
+                parse_size(&a.max_size)?,
+                a.iters,
+                a.warmup,
+                a.small_iters,
+                a.ref_seconds,
+                parse_size(&a.ring_size)?,
+            )
+        };
+        if min < 4 || min % 4 != 0 || max < min {
+            bail!("sizes must be multiples of 4 bytes with --min-size <= --max-size");
+        }
+        let mut sizes = Vec::new();
+        let mut s = min;
+        while s <= max {
+            sizes.push(s);
+            s = s.saturating_mul(a.factor);
+        }
+        Ok(Config {
+            backends: a.backends.iter().map(|b| b.trim().replace('-', "_")).collect(),
+            collectives,
+            dtypes: a.dtypes.clone(),
+            sizes,
+            iters: iters.max(1),
+            warmup,
+            cap: parse_size(&a.cap)?,
+            small_iters: small_iters.max(1),
+            rounds: a.rounds.max(1),
+            ref_seconds,
+            ring_size,
+            refs: !a.no_refs,
+            perf_size: a.perf_size.as_deref().map(parse_size).transpose()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(extra: &[&str]) -> Config {
+        let mut v = vec!["inc-bench"];
+        v.extend_from_slice(extra);
+        Config::from_args(&Args::try_parse_from(v).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn sizes_and_suffixes() {
+        assert_eq!(parse_size("4").unwrap(), 4);
+        assert_eq!(parse_size("16K").unwrap(), 16384);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert!(parse_size("1X").is_err());
+        assert_eq!(human_size(64 << 20), "64 MiB");
+        assert_eq!(human_size(12), "12 B");
+        let c = cfg(&[]);
+        assert_eq!(c.sizes.len(), 15);
+        assert_eq!((c.sizes[0], *c.sizes.last().unwrap()), (4, 1 << 30));
+        assert_eq!(cfg(&["--quick"]).sizes, vec![4, 16, 64, 256, 1024, 4096, 16384, 65536]);
+    }
+
+    #[test]
+    fn large_sizes_get_fewer_iterations() {
+        let c = cfg(&[]);
+        assert_eq!(iterations(&c, 4), (3, 20));
+        assert_eq!(iterations(&c, 64 << 20), (3, 8));
+        assert_eq!(iterations(&c, 1 << 30), (1, 3));
+    }
+
+    #[test]
+    fn mistakes_name_the_option() {
+        let a = Args::try_parse_from(["x", "--collectives", "alltoall"]).unwrap();
+        let e = Config::from_args(&a).unwrap_err().to_string();
+        assert!(e.contains("alltoall") && e.contains("--collectives"), "{e}");
+        let a = Args::try_parse_from(["x", "--min-size", "3"]).unwrap();
+        assert!(Config::from_args(&a).is_err());
+    }
+}

@@ -1,0 +1,482 @@
+//! Tables (nccl-tests style), ratios, CSV and JSON from the measurements.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::cli::{human_size, Coll};
+use crate::model::{FrameRate, Measurement, Results};
+use crate::stats::{median, quantile, spread};
+
+/// One system at one size, over all rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// System.
+    pub system: String,
+    /// Collective.
+    pub collective: Coll,
+    /// Datatype.
+    pub dtype: String,
+    /// Small-message latency test.
+    pub small: bool,
+    /// Bytes.
+    pub bytes: u64,
+    /// Elements.
+    pub count: u64,
+    /// Rounds measured.
+    pub rounds: usize,
+    /// Timed iterations over all rounds.
+    pub iters: usize,
+    /// Median iteration time (us), all rounds pooled.
+    pub median_us: f64,
+    /// Minimum (us).
+    pub min_us: f64,
+    /// Maximum (us).
+    pub max_us: f64,
+    /// 99th percentile (us).
+    pub p99_us: f64,
+    /// (max - min) / median of the per-round medians.
+    pub spread: f64,
+    /// Message bytes / median time (GB/s).
+    pub algbw: f64,
+    /// algbw x the nccl-tests bus factor.
+    pub busbw: f64,
+    /// Switch frames in per second, all switches (mean over rounds).
+    pub switch_rx_fps: Option<f64>,
+    /// Switch frames out per second.
+    pub switch_tx_fps: Option<f64>,
+    /// Per switch: (name, in fps, out fps).
+    pub per_switch: Vec<(String, f64, f64)>,
+    /// Switch retransmissions (sum over rounds).
+    pub retransmits: u64,
+    /// RNR NAKs sent and received by the switches.
+    pub rnrs: u64,
+    /// Drops by reason.
+    pub drops: BTreeMap<String, u64>,
+    /// Switch CPU seconds (sum over rounds).
+    pub switch_cpu_s: Option<f64>,
+    /// Switch CPU nanoseconds per frame in.
+    pub switch_ns_per_frame: Option<f64>,
+    /// Host CPU seconds (sum over rounds).
+    pub host_cpu_s: Option<f64>,
+    /// "ok" or the first failure.
+    pub status: String,
+}
+
+/// Group measurements by system, collective, datatype, size and kind.
+pub fn summarize(ms: &[Measurement], world: usize) -> Vec<Summary> {
+    let mut groups: BTreeMap<(String, &str, String, bool, u64), Vec<&Measurement>> =
+        BTreeMap::new();
+    let mut order = Vec::new();
+    for m in ms {
+        let key = (m.system.clone(), m.collective.name(), m.dtype.clone(), m.small, m.bytes);
+        if !groups.contains_key(&key) {
+            order.push(key.clone());
+        }
+        groups.entry(key).or_default().push(m);
+    }
+    order
+        .into_iter()
+        .map(|k| {
+            let g = &groups[&k];
+            let times: Vec<f64> = g.iter().flat_map(|m| m.times_us.iter().copied()).collect();
+            let round_medians: Vec<f64> =
+                g.iter().filter(|m| !m.times_us.is_empty()).map(|m| m.median_us()).collect();
+            let med = median(&times);
+            let first = g[0];
+            let algbw = if med > 0.0 { first.bytes as f64 / (med * 1e-6) / 1e9 } else { 0.0 };
+            let sw: Vec<_> = g.iter().filter_map(|m| m.switch.as_ref()).collect();
+            let n = sw.len().max(1) as f64;
+            let mut per_switch: Vec<(String, f64, f64)> = Vec::new();
+            let mut drops = BTreeMap::new();
+            for s in &sw {
+                for d in &s.switches {
+                    match per_switch.iter_mut().find(|p| p.0 == d.name) {
+                        Some(p) => {
+                            p.1 += d.rx_fps / n;
+                            p.2 += d.tx_fps / n;
+                        }
+                        None => per_switch.push((d.name.clone(), d.rx_fps / n, d.tx_fps / n)),
+                    }
+                }
+                for (k, v) in s.drops() {
+                    *drops.entry(k).or_default() += v;
+                }
+            }
+            let frames: u64 = sw.iter().map(|s| s.rx_frames()).sum();
+            let cpu: f64 = sw.iter().map(|s| s.cpu_s).sum();
+            Summary {
+                system: first.system.clone(),
+                collective: first.collective,
+                dtype: first.dtype.clone(),
+                small: first.small,
+                bytes: first.bytes,
+                count: first.count,
+                rounds: g.len(),
+                iters: times.len(),
+                median_us: med,
+                min_us: quantile(&times, 0.0),
+                max_us: quantile(&times, 1.0),
+                p99_us: quantile(&times, 0.99),
+                spread: spread(&round_medians),
+                algbw,
+                busbw: algbw * first.collective.bus_factor(world),
+                switch_rx_fps: (!sw.is_empty())
+                    .then(|| sw.iter().map(|s| s.rx_fps()).sum::<f64>() / n),
+                switch_tx_fps: (!sw.is_empty())
+                    .then(|| sw.iter().map(|s| s.tx_fps()).sum::<f64>() / n),
+                per_switch,
+                retransmits: sw.iter().map(|s| s.retransmits()).sum(),
+                rnrs: sw.iter().map(|s| s.rnrs()).sum(),
+                drops,
+                switch_cpu_s: (!sw.is_empty()).then_some(cpu),
+                switch_ns_per_frame: (frames > 0).then(|| cpu * 1e9 / frames as f64),
+                host_cpu_s: g.iter().map(|m| m.host_cpu_s).sum(),
+                status: g.iter().find(|m| !m.ok()).map_or("ok".into(), |m| m.status.clone()),
+            }
+        })
+        .collect()
+}
+
+fn drops_text(d: &BTreeMap<String, u64>) -> String {
+    if d.is_empty() {
+        return "-".into();
+    }
+    d.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// The nccl-tests style table.
+pub fn table(rows: &[Summary]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# {:<10} {:<9} {:<7} {:>11} {:>10} {:>6} {:>11} {:>11} {:>11} {:>11} {:>6} {:>9} {:>9} {:>10} {:>10} {:>6} {:>6} {:>8} {:>8}  {:<40} {:<10} status",
+        "system", "coll", "type", "size(B)", "count", "iters", "median(us)", "min(us)", "max(us)",
+        "p99(us)", "spread", "algbw", "busbw", "sw-in/s", "sw-out/s", "retx", "rnr", "sw-cpu-s",
+        "ns/frame", "per switch in/out frames/s", "drops"
+    );
+    let _ = writeln!(o, "# {:>112} {:>9} {:>9}", "", "(GB/s)", "(GB/s)");
+    for r in rows {
+        let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
+        let per: Vec<String> =
+            r.per_switch.iter().map(|(n, i, o)| format!("{n}:{:.0}/{:.0}", i, o)).collect();
+        let kind =
+            if r.small { format!("{}*", r.collective.name()) } else { r.collective.name().into() };
+        let _ = writeln!(
+            o,
+            "  {:<10} {:<9} {:<7} {:>11} {:>10} {:>6} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>5.0}% {:>9.4} {:>9.4} {:>10} {:>10} {:>6} {:>6} {:>8} {:>8}  {:<40} {:<10} {}",
+            r.system, kind, r.dtype, r.bytes, r.count, r.iters, r.median_us, r.min_us, r.max_us,
+            r.p99_us, r.spread * 100.0, r.algbw, r.busbw, opt(r.switch_rx_fps, 0),
+            opt(r.switch_tx_fps, 0), r.retransmits, r.rnrs, opt(r.switch_cpu_s, 2),
+            opt(r.switch_ns_per_frame, 0), if per.is_empty() { "-".into() } else { per.join(" ") },
+            drops_text(&r.drops), r.status
+        );
+    }
+    o
+}
+
+/// Frame-rate references and the INC switches' best rates.
+pub fn frame_table(refs: &[FrameRate], rows: &[Summary], backends: &[String]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# {:<22} {:>6} {:>5} {:>14} {:>14} {:>16} {:>8}  status",
+        "forwarder", "frame", "hops", "offered fps", "delivered fps", "forwarded fps", "cores"
+    );
+    for r in refs {
+        let _ = writeln!(
+            o,
+            "  {:<22} {:>6} {:>5} {:>14.0} {:>14.0} {:>16.0} {:>8.2}  {}",
+            r.system,
+            r.frame_len,
+            r.hops,
+            r.offered_fps,
+            r.delivered_fps,
+            r.forwarded_fps,
+            r.forwarder_cores,
+            r.status
+        );
+    }
+    for b in backends {
+        if let Some(best) = best_switch_fps(rows, b) {
+            let _ = writeln!(
+                o,
+                "  {:<22} {:>6} {:>5} {:>14} {:>14} {:>16.0} {:>8}  INC switches, frames in, best AllReduce size",
+                format!("inc {b}"), "-", "all", "-", "-", best, "-"
+            );
+        }
+    }
+    o
+}
+
+/// Highest all-switch frames-in rate of a backend over its AllReduce sweep.
+pub fn best_switch_fps(rows: &[Summary], backend: &str) -> Option<f64> {
+    rows.iter()
+        .filter(|r| {
+            r.system == backend && r.collective == Coll::AllReduce && !r.small && r.status == "ok"
+        })
+        .filter_map(|r| r.switch_rx_fps)
+        .reduce(f64::max)
+}
+
+fn find<'a>(
+    rows: &'a [Summary],
+    system: &str,
+    dtype: &str,
+    bytes: u64,
+    small: bool,
+) -> Option<&'a Summary> {
+    rows.iter().find(|r| {
+        r.system == system
+            && r.collective == Coll::AllReduce
+            && r.dtype == dtype
+            && r.bytes == bytes
+            && r.small == small
+            && r.status == "ok"
+            && r.iters > 0
+    })
+}
+
+/// The ratios of the issue: INC / MPI time per size, backend / testpmd frames/s, best
+/// backend / pcap.
+pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &Results) -> String {
+    let mut o = String::new();
+    let ok_backends: Vec<&String> = backends
+        .iter()
+        .filter(|b| rows.iter().any(|r| &r.system == *b && r.status == "ok"))
+        .collect();
+    let mut sizes: Vec<(String, u64)> = rows
+        .iter()
+        .filter(|r| r.collective == Coll::AllReduce && !r.small && r.system != "mpi-ring")
+        .map(|r| (r.dtype.clone(), r.bytes))
+        .collect();
+    sizes.sort();
+    sizes.dedup();
+    let _ =
+        writeln!(o, "== INC time / MPI time, AllReduce (median over iterations; < 1: INC faster)");
+    let _ = writeln!(
+        o,
+        "# {:<7} {:>9} {}",
+        "type",
+        "size",
+        ok_backends.iter().map(|b| format!("{:>12}", b)).collect::<String>()
+    );
+    let ratio_cell = |r: Option<f64>| r.map_or(format!("{:>12}", "-"), |v| format!("{v:>12.2}"));
+    for (dtype, bytes) in &sizes {
+        let mpi = find(rows, "mpi", dtype, *bytes, false);
+        let cells: String = ok_backends
+            .iter()
+            .map(|b| {
+                ratio_cell(
+                    find(rows, b, dtype, *bytes, false)
+                        .zip(mpi)
+                        .map(|(i, m)| i.median_us / m.median_us),
+                )
+            })
+            .collect();
+        let _ = writeln!(o, "  {:<7} {:>9} {cells}", dtype, human_size(*bytes));
+    }
+    for (small_kind, coll) in
+        [("1-element AllReduce p50", Coll::AllReduce), ("Barrier p50", Coll::Barrier)]
+    {
+        let get = |s: &str| {
+            rows.iter()
+                .find(|r| r.system == s && r.small && r.collective == coll && r.status == "ok")
+        };
+        let cells: String = ok_backends
+            .iter()
+            .map(|b| ratio_cell(get(b).zip(get("mpi")).map(|(i, m)| i.median_us / m.median_us)))
+            .collect();
+        let _ = writeln!(o, "  {:<17} {cells}", small_kind);
+    }
+    let testpmd = refs
+        .iter()
+        .filter(|r| r.system == "testpmd-io" && r.status == "ok")
+        .map(|r| r.forwarded_fps)
+        .reduce(f64::max);
+    let kernel = refs
+        .iter()
+        .filter(|r| r.system == "kernel-forwarding" && r.status == "ok")
+        .map(|r| r.forwarded_fps)
+        .reduce(f64::max);
+    let _ = writeln!(o, "== switch frames/s (all switches, frames in, best AllReduce size) / forwarders' frames/s on the same path");
+    for b in &ok_backends {
+        let fps = best_switch_fps(rows, b);
+        let r = |x: Option<f64>| fps.zip(x).map_or("-".into(), |(a, b)| format!("{:.3}", a / b));
+        let _ =
+            writeln!(o, "  {:<10} / testpmd-io {:>7}   / kernel {:>7}", b, r(testpmd), r(kernel));
+    }
+    if ok_backends.iter().any(|b| b.as_str() == "pcap") {
+        let _ = writeln!(
+            o,
+            "== best backend vs pcap, AllReduce: pcap time / best time (> 1: best is faster)"
+        );
+        for (dtype, bytes) in &sizes {
+            let Some(p) = find(rows, "pcap", dtype, *bytes, false) else { continue };
+            let best = ok_backends
+                .iter()
+                .filter_map(|b| find(rows, b, dtype, *bytes, false))
+                .min_by(|a, b| a.median_us.total_cmp(&b.median_us));
+            if let Some(best) = best {
+                let _ = writeln!(
+                    o,
+                    "  {:<7} {:>9} {:>8.2}  best: {}",
+                    dtype,
+                    human_size(*bytes),
+                    p.median_us / best.median_us,
+                    best.system
+                );
+            }
+        }
+    } else {
+        let _ = writeln!(o, "== best backend vs pcap: no pcap measurement in this run");
+    }
+    if !res.host_bytes.is_empty() {
+        let _ =
+            writeln!(o, "== bytes per host per iteration (interface counters), sent / received");
+        for hb in &res.host_bytes {
+            let cells: Vec<String> = hb
+                .per_host
+                .iter()
+                .map(|(t, r)| format!("{:.2}/{:.2} MiB", t / 1048576.0, r / 1048576.0))
+                .collect();
+            let _ = writeln!(
+                o,
+                "  {:<10} {:>9}  {}",
+                hb.system,
+                human_size(hb.bytes),
+                cells.join("  ")
+            );
+        }
+    }
+    o
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// CSV header of [`csv`].
+pub const CSV_HEADER: &str = "system,collective,dtype,small,bytes,count,rounds,iters,median_us,min_us,max_us,p99_us,spread,algbw_gbs,busbw_gbs,switch_rx_fps,switch_tx_fps,per_switch,retransmits,rnrs,drops,switch_cpu_s,switch_ns_per_frame,host_cpu_s,status";
+
+/// One CSV line per summary row.
+pub fn csv(rows: &[Summary]) -> String {
+    let mut o = format!("{CSV_HEADER}\n");
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    for r in rows {
+        let per: Vec<String> =
+            r.per_switch.iter().map(|(n, i, t)| format!("{n}:{i:.0}/{t:.0}")).collect();
+        let _ = writeln!(
+            o,
+            "{},{},{},{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.4},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{}",
+            csv_field(&r.system), r.collective.name(), r.dtype, r.small, r.bytes, r.count, r.rounds,
+            r.iters, r.median_us, r.min_us, r.max_us, r.p99_us, r.spread, r.algbw, r.busbw,
+            opt(r.switch_rx_fps), opt(r.switch_tx_fps), csv_field(&per.join(" ")), r.retransmits,
+            r.rnrs, csv_field(&drops_text(&r.drops)), opt(r.switch_cpu_s),
+            opt(r.switch_ns_per_frame), opt(r.host_cpu_s), csv_field(&r.status)
+        );
+    }
+    o
+}
+
+/// Write table, ratios, CSV and JSON into `out`; returns the text printed.
+pub fn write_all(out: &Path, res: &Results) -> anyhow::Result<(String, Vec<Summary>)> {
+    let rows = summarize(&res.measurements, res.world);
+    let backends = res.supported_backends.clone();
+    let mut text = table(&rows);
+    text += "\n";
+    text += &frame_table(&res.frame_rates, &rows, &backends);
+    text += "\n";
+    text += &ratios(&rows, &res.frame_rates, &backends, res);
+    std::fs::write(out.join("table.txt"), &text)?;
+    std::fs::write(out.join("results.csv"), csv(&rows))?;
+    let mut fr = String::from("system,round,frame_len,hops,offered_fps,delivered_fps,forwarded_fps,forwarder_cores,status\n");
+    for r in &res.frame_rates {
+        let _ = writeln!(
+            fr,
+            "{},{},{},{},{:.0},{:.0},{:.0},{:.3},{}",
+            r.system,
+            r.round,
+            r.frame_len,
+            r.hops,
+            r.offered_fps,
+            r.delivered_fps,
+            r.forwarded_fps,
+            r.forwarder_cores,
+            csv_field(&r.status)
+        );
+    }
+    std::fs::write(out.join("frame_rates.csv"), fr)?;
+    let json = serde_json::json!({ "results": res, "summary": rows });
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
+    Ok((text, rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{SwitchDelta, SwitchSample};
+
+    fn m(system: &str, bytes: u64, times: &[f64], round: u32) -> Measurement {
+        let mut m = Measurement::skipped(system, Coll::AllReduce, "int32", bytes, "ok");
+        m.times_us = times.to_vec();
+        m.round = round;
+        m.iters = times.len() as u32;
+        if system != "mpi" {
+            m.switch = Some(SwitchSample {
+                backend: system.into(),
+                cpu_s: 1.0,
+                rss_bytes: 0,
+                switches: vec![SwitchDelta {
+                    name: "root".into(),
+                    rx_frames: 1000,
+                    rx_fps: 500.0,
+                    ..Default::default()
+                }],
+            });
+        }
+        m
+    }
+
+    #[test]
+    fn summary_pools_rounds_and_ratios_compare_like_with_like() {
+        let ms = vec![
+            m("af_packet", 1024, &[10.0, 12.0], 0),
+            m("mpi", 1024, &[5.0, 5.0], 0),
+            m("af_packet", 1024, &[11.0, 30.0], 1),
+            m("mpi", 1024, &[5.0, 6.0], 1),
+        ];
+        let rows = summarize(&ms, 4);
+        assert_eq!(rows.len(), 2);
+        let a = &rows[0];
+        assert_eq!((a.rounds, a.iters, a.median_us, a.max_us), (2, 4, 11.0, 30.0));
+        assert_eq!(a.switch_ns_per_frame, Some(1e6));
+        assert!((a.busbw / a.algbw - 1.5).abs() < 1e-12);
+        let res = Results {
+            command: String::new(),
+            machine: String::new(),
+            topology: String::new(),
+            world: 4,
+            mtu: 1024,
+            started: String::new(),
+            duration_s: 0.0,
+            supported_backends: vec!["af_packet".into()],
+            measurements: ms,
+            frame_rates: vec![],
+            host_bytes: vec![],
+            notes: vec![],
+        };
+        let r = ratios(&rows, &[], &res.supported_backends, &res);
+        assert!(r.contains("2.20"), "{r}");
+        let c = csv(&rows);
+        assert_eq!(c.lines().count(), 3);
+        let cols = CSV_HEADER.split(',').count();
+        assert!(c.lines().all(|l| l.split(',').count() == cols), "{c}");
+    }
+}

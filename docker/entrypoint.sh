@@ -1,0 +1,105 @@
+#!/bin/bash
+# inc-entrypoint: entrypoint of every INC image. Gives this container's interfaces the
+# names, MACs and addresses of the topology, then runs the command (exec "$@").
+#
+# INC_ROLE        controller | switch | host (set by the image)
+# INC_IFACES      space-separated LOCATOR=NAME,MAC,ADDR, written by
+#                 `inc-controller export`:
+#                   LOCATOR  the IPv4 address Docker gave the interface (compose), or
+#                            the interface's name (containerlab names it already)
+#                   NAME     final name: a switch port's name, a host's data interface,
+#                            mgmt0
+#                   MAC      MAC to set, or - to keep Docker's
+#                   ADDR     ip/prefix to configure, or - for none: switch ports have no
+#                            kernel address, so only the switch process answers ARP and
+#                            the kernel never answers RoCE with ICMP
+# INC_LINK_MTU    MTU of data interfaces (every NAME but mgmt0), if set
+# INC_IFACE_WAIT  seconds to wait for interfaces to appear (default 30; containerlab
+#                 adds them after the container started)
+# INCCL_TRANSPORT verbs: hosts create the Soft-RoCE device rxe0 on $INCCL_IFACE
+set -euo pipefail
+
+ME="inc-entrypoint[${HOSTNAME:-?}]"
+log() { echo "$ME: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+ROLE="${INC_ROLE:-}"
+case "$ROLE" in controller|switch|host) ;; *) die "INC_ROLE must be controller, switch or host (got '$ROLE')" ;; esac
+WAIT="${INC_IFACE_WAIT:-30}"
+
+is_ipv4() { [[ "$1" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; }
+
+# Current name of the interface LOCATOR points at (empty if not there yet).
+find_iface() {
+    local loc="$1"
+    if is_ipv4 "$loc"; then
+        ip -o -4 addr show | awk -v a="$loc" '{split($4, p, "/"); if (p[1] == a) {print $2; exit}}'
+    elif [ -e "/sys/class/net/$loc" ]; then
+        echo "$loc"
+    fi
+}
+
+declare -a CUR=() NAME=() MAC=() ADDR=()
+for entry in ${INC_IFACES:-}; do
+    loc="${entry%%=*}"
+    IFS=, read -r name mac addr <<<"${entry#*=}"
+    [ -n "$loc" ] && [ -n "$name" ] && [ -n "$mac" ] && [ -n "$addr" ] \
+        || die "malformed INC_IFACES entry '$entry' (want LOCATOR=NAME,MAC,ADDR)"
+    deadline=$((SECONDS + WAIT))
+    cur="$(find_iface "$loc")"
+    while [ -z "$cur" ]; do
+        [ $SECONDS -lt $deadline ] || die "interface for $name (located by $loc) did not appear within ${WAIT}s; have: $(ls /sys/class/net | tr '\n' ' ')"
+        sleep 0.2
+        cur="$(find_iface "$loc")"
+    done
+    CUR+=("$cur"); NAME+=("$name"); MAC+=("$mac"); ADDR+=("$addr")
+done
+
+# Rename in two steps: a final name may be another interface's current name (eth0).
+for i in "${!CUR[@]}"; do
+    ip link set dev "${CUR[$i]}" down
+    if [ "${CUR[$i]}" != "${NAME[$i]}" ]; then
+        ip link set dev "${CUR[$i]}" name "inctmp$i"
+        CUR[$i]="inctmp$i"
+    fi
+done
+summary=()
+for i in "${!CUR[@]}"; do
+    dev="${NAME[$i]}"
+    [ "${CUR[$i]}" = "$dev" ] || ip link set dev "${CUR[$i]}" name "$dev"
+    [ "${MAC[$i]}" = - ] || ip link set dev "$dev" address "${MAC[$i]}"
+    if [ -n "${INC_LINK_MTU:-}" ] && [ "$dev" != mgmt0 ]; then
+        ip link set dev "$dev" mtu "$INC_LINK_MTU"
+    fi
+    # Docker's carrier address goes; the topology's (if any) takes its place.
+    ip -4 addr flush dev "$dev"
+    [ "${ADDR[$i]}" = - ] || ip addr add "${ADDR[$i]}" dev "$dev"
+    # veth leaves TX checksums to an offload that never happens for frames that stay
+    # virtual; RoCE receivers drop such packets.
+    ethtool -K "$dev" tx off >/dev/null 2>&1 || { [ "$ROLE" != host ] || die "ethtool -K $dev tx off failed"; }
+    ip link set dev "$dev" up
+    summary+=("$dev ${ADDR[$i]} ${MAC[$i]}")
+done
+
+if [ "$ROLE" = switch ]; then
+    # The switch process is the data plane: a routing kernel would forward and answer
+    # frames behind its back. Compose sets this with sysctls; containerlab nodes are
+    # privileged, so it can be written here.
+    f=/proc/sys/net/ipv4/ip_forward
+    [ "$(cat $f)" = 0 ] || echo 0 >$f 2>/dev/null || true
+    [ "$(cat $f)" = 0 ] || die "net.ipv4.ip_forward is 1 in this container and cannot be changed"
+fi
+echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null || true
+
+if [ "$ROLE" = host ] && [ "${INCCL_TRANSPORT:-udp}" = verbs ]; then
+    dev="${INCCL_IFACE:-eth0}"
+    if ! rdma link show 2>/dev/null | grep -q "netdev $dev\b"; then
+        [ -d /sys/module/rdma_rxe ] \
+            || die "INCCL_TRANSPORT=verbs needs Soft-RoCE, but this kernel has no rdma_rxe module loaded (run 'modprobe rdma_rxe' on the Docker host, or use the userspace transport: unset INCCL_TRANSPORT)"
+        rdma link add rxe0 type rxe netdev "$dev" || die "rdma link add rxe0 type rxe netdev $dev failed"
+    fi
+    log "Soft-RoCE: $(rdma link show | grep "netdev $dev\b")"
+fi
+
+log "$ROLE ready: ${summary[*]:-no interfaces to configure}"
+exec "$@"

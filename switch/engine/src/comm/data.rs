@@ -1,0 +1,174 @@
+//! The data path: chunks from children into the slot pool, chunks from the parent down,
+//! and completed chunks out.
+
+use std::collections::VecDeque;
+
+use inc_protocol::coll;
+
+use super::collective::ExpectedData;
+use super::failure::Verdict;
+use super::slots::Contribution;
+use super::{Comm, Disposition};
+use crate::SwitchEvent;
+
+impl Comm {
+    pub(super) fn on_data(
+        &mut self,
+        conn: usize,
+        payload: &[u8],
+        events: &mut VecDeque<SwitchEvent>,
+    ) -> Disposition {
+        let Some(&expected) = self.conns[conn].expected.front() else {
+            self.counters.protocol_errors += 1;
+            return Disposition::Accept;
+        };
+        let Some(coll_idx) =
+            self.find_collective(expected.seq).filter(|&i| !self.collectives[i].failed)
+        else {
+            // Data of a failed collective still in flight: consume it.
+            self.next_chunk(conn);
+            return Disposition::Accept;
+        };
+        let (_, len) = coll::chunk_range(expected.next_chunk, expected.bytes, self.mtu);
+        if payload.len() != len {
+            self.counters.protocol_errors += 1;
+            self.next_chunk(conn);
+            tracing::warn!(
+                comm = self.rules.comm_id,
+                connection = conn,
+                seq = expected.seq,
+                chunk = expected.next_chunk,
+                "chunk of {} bytes, expected {len}",
+                payload.len()
+            );
+            let rank = self.conns[conn].first_rank();
+            self.fail_collective(expected.seq, Verdict::protocol(rank), events);
+            return Disposition::Accept;
+        }
+        if Some(conn) == self.parent {
+            self.on_parent_data(conn, coll_idx, payload)
+        } else {
+            self.on_child_data(conn, coll_idx, expected, payload)
+        }
+    }
+
+    /// The chunk at the head of `conn`'s expectation was consumed.
+    fn next_chunk(&mut self, conn: usize) {
+        let expected = &mut self.conns[conn].expected;
+        if let Some(e) = expected.front_mut() {
+            e.next_chunk += 1;
+            if e.next_chunk >= e.chunks {
+                expected.pop_front();
+            }
+        }
+    }
+
+    fn on_child_data(
+        &mut self,
+        conn: usize,
+        coll_idx: usize,
+        expected: ExpectedData,
+        payload: &[u8],
+    ) -> Disposition {
+        let child = self.conns[conn].child_ordinal.expect("data from a child");
+        let pos = expected.start_pos.wrapping_add(expected.next_chunk);
+        let coll = &self.collectives[coll_idx];
+        let op = coll.claim.expect("data follows the child's Start").op;
+        let (slot, arrived) = match self.slots.contribute(expected.seq, pos, child, &op, payload) {
+            Contribution::Stored { slot, arrived } => (slot, arrived),
+            Contribution::SlotBusy => {
+                self.counters.slot_conflicts += 1;
+                return Disposition::Rnr;
+            }
+            Contribution::Rejected => {
+                self.counters.protocol_errors += 1;
+                self.next_chunk(conn);
+                return Disposition::Accept;
+            }
+        };
+        self.next_chunk(conn);
+        // Before every Start arrived the contributors are unknown; `make_ready` picks up
+        // the slots that filled in the meantime.
+        let coll = &self.collectives[coll_idx];
+        if coll.ready {
+            if !coll.roles.contributors.contains(child) {
+                self.counters.protocol_errors += 1;
+            } else if arrived == coll.roles.contributors {
+                self.slots.mark_complete(slot);
+                self.completed_slots.push_back(slot);
+                self.send_completed();
+            }
+        }
+        Disposition::Accept
+    }
+
+    fn on_parent_data(&mut self, conn: usize, coll_idx: usize, payload: &[u8]) -> Disposition {
+        let roles = self.collectives[coll_idx].roles;
+        if roles
+            .down_to_children
+            .iter()
+            .any(|child| !self.conns[self.child_conn[child]].data_room())
+        {
+            self.counters.backpressure_rnr += 1;
+            return Disposition::Rnr;
+        }
+        for child in roles.down_to_children.iter() {
+            let to = self.child_conn[child];
+            let psn = self.conns[to].send_data(payload);
+            self.note_result_sent(coll_idx, child, to, psn);
+        }
+        self.counters.chunks_down += 1;
+        let coll = &mut self.collectives[coll_idx];
+        coll.chunks_from_parent += 1;
+        let seq = coll.seq;
+        self.next_chunk(conn);
+        self.flush_progress(coll_idx, false);
+        self.maybe_retire(seq);
+        Disposition::Accept
+    }
+
+    /// Sends completed chunks on, in completion order, while the send queues have room.
+    pub(super) fn send_completed(&mut self) {
+        while let Some(&slot) = self.completed_slots.front() {
+            let seq = self.slots.meta(slot).seq;
+            let Some(coll_idx) = self.find_collective(seq).filter(|&i| !self.collectives[i].failed)
+            else {
+                self.slots.free(slot);
+                self.completed_slots.pop_front();
+                continue;
+            };
+            let roles = self.collectives[coll_idx].roles;
+            let parent_room =
+                !roles.up_to_parent || self.parent.is_none_or(|p| self.conns[p].data_room());
+            let children_room = roles
+                .up_to_children
+                .iter()
+                .all(|child| self.conns[self.child_conn[child]].data_room());
+            if !parent_room || !children_room {
+                break;
+            }
+            let op = self.collectives[coll_idx].claim.expect("ready").op;
+            let data = self.slots.aggregate(slot, &op, roles.contributors);
+            if roles.up_to_parent {
+                if let Some(parent) = self.parent {
+                    self.conns[parent].send_data(data);
+                }
+            }
+            for child in roles.up_to_children.iter() {
+                let to = self.child_conn[child];
+                let psn = self.conns[to].send_data(data);
+                // `note_result_sent` inline: `data` borrows the slot pool.
+                if roles.delivery_from_children.contains(child) && self.conns[to].is_host() {
+                    self.collectives[coll_idx].unacked_results[to].extend(psn);
+                }
+            }
+            self.slots.free(slot);
+            self.completed_slots.pop_front();
+            self.counters.chunks_aggregated += 1;
+            self.collectives[coll_idx].chunks_aggregated += 1;
+            self.update_delivered(coll_idx);
+            self.flush_progress(coll_idx, false);
+            self.maybe_retire(seq);
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The slot pool: where the chunks of a collective meet.
+//!
+//! A chunk at stream position `pos` lives in slot `pos % slots`; the pool holds
+//! `2 x window` slots, so a child running a whole window ahead of the slowest one still
+//! finds its slot free, and one running further is told to come back (RNR) rather than
+//! dropped.
+
+use inc_protocol::coll::CollOp;
+use inc_wire::reduce;
+
+use super::mask::ChildMask;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    Free,
+    Filling,
+    /// Every contributor arrived; waiting for send-queue room.
+    Complete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotMeta {
+    pub(crate) state: SlotState,
+    /// Collective sequence number of the chunk held.
+    pub(crate) seq: u32,
+    /// Stream position of the chunk held.
+    pub(crate) pos: u64,
+    pub(crate) arrived: ChildMask,
+    /// Payload bytes of the chunk.
+    pub(crate) len: usize,
+}
+
+const FREE: SlotMeta =
+    SlotMeta { state: SlotState::Free, seq: 0, pos: 0, arrived: ChildMask::EMPTY, len: 0 };
+
+/// What became of one child's contribution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Contribution {
+    /// Combined into `slot`; `arrived` now includes the child.
+    Stored { slot: usize, arrived: ChildMask },
+    /// The slot still holds an older chunk: refuse with RNR, the child retries.
+    SlotBusy,
+    /// A duplicate, a chunk older than what the slot holds, or one for a completed slot:
+    /// the protocol was broken; consume it without effect.
+    Rejected,
+}
+
+#[derive(Debug)]
+pub(crate) struct SlotPool {
+    meta: Vec<SlotMeta>,
+    /// `slots x stride` bytes.
+    bytes: Vec<u8>,
+    mtu: usize,
+    /// `mtu`, or `mtu x fan-in` when every child keeps its own sub-buffer so that floats
+    /// can be combined in a fixed order whatever the arrival order.
+    stride: usize,
+    deterministic: bool,
+}
+
+impl SlotPool {
+    pub(crate) fn new(slots: usize, mtu: usize, fan_in: usize, deterministic: bool) -> SlotPool {
+        let stride = if deterministic { mtu * fan_in.max(1) } else { mtu };
+        SlotPool {
+            meta: vec![FREE; slots],
+            bytes: vec![0; slots * stride],
+            mtu,
+            stride,
+            deterministic,
+        }
+    }
+
+    pub(crate) fn slot_of(&self, pos: u64) -> usize {
+        (pos % self.meta.len() as u64) as usize
+    }
+
+    pub(crate) fn meta(&self, slot: usize) -> SlotMeta {
+        self.meta[slot]
+    }
+
+    /// Adds `child`'s chunk at `pos` of collective `seq`: copied in first, combined with
+    /// `op` after (or parked in the child's sub-buffer in deterministic mode).
+    pub(crate) fn contribute(
+        &mut self,
+        seq: u32,
+        pos: u64,
+        child: usize,
+        op: &CollOp,
+        payload: &[u8],
+    ) -> Contribution {
+        let slot = self.slot_of(pos);
+        let held = self.meta[slot];
+        match held.state {
+            SlotState::Free => {
+                self.meta[slot] = SlotMeta {
+                    state: SlotState::Filling,
+                    seq,
+                    pos,
+                    arrived: ChildMask::EMPTY,
+                    len: payload.len(),
+                };
+            }
+            _ if held.pos == pos && held.seq == seq => {}
+            // Back-pressure, never drop: the slowest child still owes the older chunk.
+            _ if held.pos < pos => return Contribution::SlotBusy,
+            _ => return Contribution::Rejected,
+        }
+        let meta = &mut self.meta[slot];
+        if meta.arrived.contains(child) || meta.state == SlotState::Complete {
+            return Contribution::Rejected;
+        }
+        let base = slot * self.stride;
+        if self.deterministic {
+            let at = base + child * self.mtu;
+            self.bytes[at..at + payload.len()].copy_from_slice(payload);
+        } else if meta.arrived.is_empty() {
+            self.bytes[base..base + payload.len()].copy_from_slice(payload);
+        } else {
+            reduce::combine_be(
+                op.operator,
+                op.datatype,
+                &mut self.bytes[base..base + payload.len()],
+                payload,
+            );
+        }
+        meta.arrived.insert(child);
+        Contribution::Stored { slot, arrived: meta.arrived }
+    }
+
+    pub(crate) fn mark_complete(&mut self, slot: usize) {
+        self.meta[slot].state = SlotState::Complete;
+    }
+
+    /// The aggregated chunk of a complete slot. In deterministic mode this folds the
+    /// contributors' sub-buffers in ascending child order first.
+    pub(crate) fn aggregate(&mut self, slot: usize, op: &CollOp, contributors: ChildMask) -> &[u8] {
+        let len = self.meta[slot].len;
+        let base = slot * self.stride;
+        if self.deterministic {
+            let mut first = None;
+            for child in contributors.iter() {
+                match first {
+                    None => first = Some(child),
+                    Some(into) => {
+                        let (acc, rest) =
+                            self.bytes[base..base + self.stride].split_at_mut(child * self.mtu);
+                        reduce::combine_be(
+                            op.operator,
+                            op.datatype,
+                            &mut acc[into * self.mtu..into * self.mtu + len],
+                            &rest[..len],
+                        );
+                    }
+                }
+            }
+            let into = first.unwrap_or(0);
+            if into != 0 {
+                let from = base + into * self.mtu;
+                self.bytes.copy_within(from..from + len, base);
+            }
+        }
+        &self.bytes[base..base + len]
+    }
+
+    pub(crate) fn free(&mut self, slot: usize) {
+        self.meta[slot] = FREE;
+    }
+
+    /// Frees every slot of collective `seq` (it failed).
+    pub(crate) fn free_collective(&mut self, seq: u32) {
+        for meta in &mut self.meta {
+            if meta.state != SlotState::Free && meta.seq == seq {
+                *meta = FREE;
+            }
+        }
+    }
+
+    /// Slots of `seq` whose `contributors` all arrived before the collective's roles were
+    /// known, in stream order.
+    pub(crate) fn filled_early(&self, seq: u32, contributors: ChildMask) -> Vec<usize> {
+        let mut filled: Vec<(u64, usize)> = self
+            .meta
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| {
+                m.state == SlotState::Filling && m.seq == seq && m.arrived == contributors
+            })
+            .map(|(slot, m)| (m.pos, slot))
+            .collect();
+        filled.sort_unstable();
+        filled.into_iter().map(|(_, slot)| slot).collect()
+    }
+
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.bytes.len() + self.meta.len() * std::mem::size_of::<SlotMeta>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inc_wire::{DataType, IncImm, Operator, Primitive};
+
+    fn op(operator: Operator, datatype: DataType) -> CollOp {
+        CollOp { primitive: Primitive::AllReduce, operator, datatype, root: IncImm::ALL_RANKS }
+    }
+
+    fn be(v: &[i32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_be_bytes()).collect()
+    }
+
+    #[test]
+    fn contributions_combine_and_complete() {
+        let sum = op(Operator::Sum, DataType::Int32);
+        let mut pool = SlotPool::new(4, 16, 2, false);
+        let first = pool.contribute(1, 6, 0, &sum, &be(&[1, 2]));
+        assert_eq!(first, Contribution::Stored { slot: 2, arrived: ChildMask::single(0) });
+        let both = pool.contribute(1, 6, 1, &sum, &be(&[10, -20]));
+        assert_eq!(both, Contribution::Stored { slot: 2, arrived: ChildMask::first(2) });
+        pool.mark_complete(2);
+        assert_eq!(pool.aggregate(2, &sum, ChildMask::first(2)), be(&[11, -18]).as_slice());
+        pool.free(2);
+        assert_eq!(pool.meta(2).state, SlotState::Free);
+    }
+
+    #[test]
+    fn duplicates_newer_and_older_chunks() {
+        let sum = op(Operator::Sum, DataType::Int32);
+        let mut pool = SlotPool::new(4, 16, 2, false);
+        pool.contribute(1, 2, 0, &sum, &be(&[1]));
+        // The same child again: broken protocol, no effect.
+        assert_eq!(pool.contribute(1, 2, 0, &sum, &be(&[1])), Contribution::Rejected);
+        // Position 6 maps to the same slot while 2 is unfinished: back-pressure.
+        assert_eq!(pool.contribute(1, 6, 1, &sum, &be(&[5])), Contribution::SlotBusy);
+        pool.contribute(1, 2, 1, &sum, &be(&[7]));
+        pool.mark_complete(2);
+        // A late contribution to a complete slot is refused too.
+        assert_eq!(pool.contribute(1, 2, 1, &sum, &be(&[7])), Contribution::Rejected);
+        assert_eq!(pool.aggregate(2, &sum, ChildMask::first(2)), be(&[8]).as_slice());
+        pool.free(2);
+        pool.contribute(1, 6, 0, &sum, &be(&[3]));
+        // An older position than the slot holds cannot be placed.
+        assert_eq!(pool.contribute(1, 2, 1, &sum, &be(&[3])), Contribution::Rejected);
+    }
+
+    #[test]
+    fn deterministic_fold_ignores_arrival_order() {
+        let fsum = op(Operator::Sum, DataType::Float32);
+        let values = [1.0e8f32, -1.0e8, 0.5, 3.25];
+        let chunk = |v: f32| v.to_bits().to_be_bytes().to_vec();
+        let run = |order: &[usize]| {
+            let mut pool = SlotPool::new(2, 8, 4, true);
+            for &child in order {
+                pool.contribute(3, 1, child, &fsum, &chunk(values[child]));
+            }
+            pool.mark_complete(1);
+            let out = pool.aggregate(1, &fsum, ChildMask::first(4)).to_vec();
+            f32::from_bits(u32::from_be_bytes(out.try_into().unwrap()))
+        };
+        let forward = run(&[0, 1, 2, 3]);
+        assert_eq!(forward, ((1.0e8f32 + -1.0e8) + 0.5) + 3.25);
+        assert_eq!(run(&[3, 1, 2, 0]).to_bits(), forward.to_bits());
+        assert_eq!(run(&[2, 3, 0, 1]).to_bits(), forward.to_bits());
+    }
+
+    #[test]
+    fn deterministic_single_contributor_not_first_child() {
+        let fsum = op(Operator::Sum, DataType::Float32);
+        let mut pool = SlotPool::new(2, 8, 3, true);
+        pool.contribute(0, 0, 2, &fsum, &7.5f32.to_bits().to_be_bytes());
+        assert_eq!(
+            pool.aggregate(0, &fsum, ChildMask::single(2)),
+            7.5f32.to_bits().to_be_bytes().as_slice()
+        );
+    }
+
+    #[test]
+    fn early_fills_in_stream_order_and_failure_frees() {
+        let max = op(Operator::Max, DataType::Int32);
+        let mut pool = SlotPool::new(8, 8, 1, false);
+        for pos in [13, 10, 12] {
+            pool.contribute(4, pos, 0, &max, &be(&[pos as i32]));
+        }
+        pool.contribute(5, 9, 0, &max, &be(&[0]));
+        assert_eq!(pool.filled_early(4, ChildMask::single(0)), vec![2, 4, 5]);
+        assert!(pool.filled_early(4, ChildMask::first(2)).is_empty());
+        pool.free_collective(4);
+        assert!(pool.filled_early(4, ChildMask::single(0)).is_empty());
+        assert_eq!(pool.meta(1).seq, 5, "other collectives keep their slots");
+        assert_eq!(pool.memory_bytes(), 8 * 8 + 8 * std::mem::size_of::<SlotMeta>());
+    }
+}
