@@ -2,6 +2,7 @@
 //! end-to-end tests across processes.
 
 pub mod deploy;
+pub mod engine_input;
 pub mod inject;
 pub mod netns;
 pub mod sim;
