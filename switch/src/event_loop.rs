@@ -284,9 +284,13 @@ impl<B: Backend> EventLoop<B> {
                 let mac = inc_wire::EthernetAddress(desc.mac).to_string();
                 let c = self.backend.port_counters(gp);
                 let detail = self.backend.port_detail(gp);
-                ports.push(json!({
+                let mut port = json!({
                     "name": name, "iface": iface, "mac": mac, "io": c, "detail": detail,
-                }));
+                });
+                if let Some(emu) = self.backend.link_emu_stats(gp) {
+                    port["link_emu"] = serde_json::to_value(emu).unwrap_or(Value::Null);
+                }
+                ports.push(port);
             }
             switches.push(json!({
                 "switch_id": s.id,

@@ -11,6 +11,7 @@
 mod capture;
 mod control;
 mod event_loop;
+mod link_emu;
 mod spec;
 mod stats;
 mod workers;
@@ -23,6 +24,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
 use inc_switch_io::af_xdp::{AfXdpBackend, AfXdpConfig};
 use inc_switch_io::libpcap::{PcapBackend, PcapConfig};
+use inc_switch_io::link_emu::LinkEmuBackend;
 use inc_switch_io::memory::MemoryBackend;
 use inc_switch_io::{Backend, PortSpec};
 use inc_topology::Topology;
@@ -167,6 +169,12 @@ struct RunArgs {
     #[arg(long, default_value_t = 500)]
     #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
     dpdk_idle_max_us: u64,
+    /// Emulate link faults: [SWITCH:PORT=]KEY=VALUE,... with keys loss, burst, dup,
+    /// reorder, reorder-delay, corrupt, delay, jitter, rate, limit, seed and
+    /// dir=link|tx|rx|both (repeatable; later ones refine earlier ones; without a
+    /// SWITCH:PORT every port). Example: `loss=1%,burst=4,seed=7`.
+    #[arg(long = "link-emu")]
+    link_emu: Vec<link_emu::LinkEmuArg>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -224,6 +232,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
         token: args.token.clone(),
         stats_listen: args.stats_listen.clone(),
         capture: args.capture.clone(),
+        link_emu: link_emu::resolve(&args.link_emu, &plans, args.topology.as_deref())?,
     };
     let mut n_workers = match args.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(plans.len()),
@@ -338,7 +347,8 @@ where
     let mut backends = Vec::with_capacity(groups.len());
     for g in groups {
         let specs = workers::group_specs(plans, g);
-        backends.push(open(&specs).with_context(|| format!("opening {what} ports"))?);
+        let backend = open(&specs).with_context(|| format!("opening {what} ports"))?;
+        backends.push(with_link_emu(backend, g, shared)?);
     }
     let final_stats = workers::run(backends, groups, plans, shared)?;
     println!("{}", serde_json::to_string_pretty(&final_stats)?);
@@ -353,7 +363,18 @@ fn run_with<B: Backend + 'static>(
     shared: &workers::Shared,
 ) -> anyhow::Result<()> {
     let all: Vec<usize> = (0..plans.len()).collect();
+    let backend = with_link_emu(backend, &all, shared)?;
     let final_stats = workers::run(vec![backend], &[all], plans, shared)?;
     println!("{}", serde_json::to_string_pretty(&final_stats)?);
     Ok(())
+}
+
+/// `backend` (serving the switches `group`) behind the `--link-emu` of its ports.
+fn with_link_emu<B: Backend>(
+    backend: B,
+    group: &[usize],
+    shared: &workers::Shared,
+) -> anyhow::Result<LinkEmuBackend<B>> {
+    let config = group.iter().flat_map(|&i| shared.link_emu[i].iter().cloned()).collect();
+    LinkEmuBackend::new(backend, config).context("link emulation")
 }

@@ -35,6 +35,8 @@ pub struct Shared {
     pub stats_listen: Option<String>,
     /// `--capture` (only with one worker).
     pub capture: Option<PathBuf>,
+    /// `--link-emu`, per plan, per port.
+    pub link_emu: Vec<Vec<inc_switch_io::link_emu::PortLinkEmu>>,
 }
 
 /// Split switches (indices into `plans`) over at most `workers` groups, balancing the

@@ -200,6 +200,12 @@ pub trait Backend: Send + fmt::Debug {
     fn port_detail(&self, _port: usize) -> Option<String> {
         None
     }
+
+    /// Link emulation settings and counters of one port, if it is emulated (see
+    /// [`LinkEmuBackend`](crate::link_emu::LinkEmuBackend)).
+    fn link_emu_stats(&self, _port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -16,8 +16,11 @@
 //! [`af_xdp`] (XSK sockets with an XDP redirect program) and, with cargo feature `dpdk`,
 //! the `dpdk` module (DPDK ethdevs over the system libdpdk); all but `memory` are Linux
 //! only. All `unsafe` of the switch lives in this crate, in the backend modules.
+//!
+//! [`link_emu`] wraps any backend to emulate lossy, slow or misbehaving links.
 
 pub mod backend;
+pub mod link_emu;
 pub mod memory;
 
 #[cfg(target_os = "linux")]

@@ -64,6 +64,9 @@ pub struct UdpStats {
     pub rx_bytes: u64,
     /// Datagrams dropped: from another address, or larger than a packet buffer.
     pub rx_dropped: u64,
+    /// Datagrams the local stack refused (firewall EPERM, ENOBUFS, a socket buffer
+    /// full for too long): lost, and recovered by RC like any loss.
+    pub tx_dropped: u64,
 }
 
 /// Batched RoCEv2-over-UDP I/O of one QP: an unconnected UDP socket with
@@ -154,25 +157,33 @@ impl RoceSocket {
                 self.stats.tx_bytes += (len - HEADERS) as u64;
             }
             let mut done = 0;
-            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut lost = 0;
+            let deadline = Instant::now() + SEND_BLOCKED_LIMIT;
             while done < n {
                 match sys::send_batch(self.sock.as_fd(), &pkts[done..n]) {
                     Ok(0) if Instant::now() < deadline => {
                         wait(&[self.sock.as_fd()], PollFlags::POLLOUT, Duration::from_millis(10))?;
                     }
+                    // Full for too long: what is left is lost; RC resends it.
                     Ok(0) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            format!("socket {} stayed full for 5 s sending to {to}", self.local),
-                        ))
+                        debug!(socket = %self.local, %to, frames = n - done, "send buffer full: dropped");
+                        lost += n - done;
+                        done = n;
                     }
                     Ok(k) => done += k,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // `sendmmsg` reports an error only for its first datagram.
+                    Err(e) if is_local_drop(&e) => {
+                        trace!(socket = %self.local, %to, error = %e, "datagram refused locally: lost");
+                        lost += 1;
+                        done += 1;
+                    }
                     Err(e) => return Err(e),
                 }
             }
             sent += n;
-            self.stats.tx_packets += n as u64;
+            self.stats.tx_packets += (n - lost) as u64;
+            self.stats.tx_dropped += lost as u64;
             if n < BATCH {
                 return Ok(sent);
             }
@@ -566,6 +577,28 @@ impl Transport for UdpTransport {
             }
         }
     }
+}
+
+/// How long a send waits for room in a full socket buffer before the rest of its
+/// batch counts as lost (long enough for a busy link, short enough to keep RC timers).
+const SEND_BLOCKED_LIMIT: Duration = Duration::from_millis(100);
+
+/// Send errors that mean "this datagram was dropped here", as a lossy link would:
+/// a firewall (EPERM), no buffer or memory (ENOBUFS, ENOMEM), no route or neighbour
+/// for now (EHOSTUNREACH, ENETUNREACH, ENETDOWN), a reported ICMP error (ECONNREFUSED).
+fn is_local_drop(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EPERM
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::ENETDOWN
+                | libc::ECONNREFUSED
+        )
+    )
 }
 
 /// Wait up to `timeout` for `events` on any of `fds`; true if one is ready.

@@ -1,0 +1,549 @@
+//! A topology deployed in network namespaces process by process, for fault tests.
+//!
+//! Unlike `scripts/demo`, the test keeps a handle on every process: it can kill and
+//! restart one switch, kill one host, read a switch's counters while a collective runs
+//! and inject frames next to it. One switch process per switch (each in its own
+//! namespace, counters on its `127.0.0.1:7100`). Runs hold the same lock file as
+//! [`run_demo`](crate::netns::run_demo), so end-to-end runs never overlap; dropping a
+//! [`Deployment`] stops every process it started (by PID) and tears the namespaces down.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde_json::Value;
+
+use crate::netns::{bin_dir, repo_root, TeardownGuard};
+
+/// A switch of the plan.
+#[derive(Debug, Clone)]
+pub struct PlanSwitch {
+    /// Name.
+    pub name: String,
+    /// Topology id.
+    pub id: u32,
+    /// Namespace.
+    pub ns: String,
+}
+
+/// A switch port of the plan.
+#[derive(Debug, Clone)]
+pub struct PlanPort {
+    /// Switch name.
+    pub switch: String,
+    /// Port name.
+    pub port: String,
+    /// Namespace of the interface.
+    pub ns: String,
+    /// Interface name.
+    pub ifname: String,
+    /// Address the switch serves.
+    pub ip: Ipv4Addr,
+    /// MAC the switch uses.
+    pub mac: [u8; 6],
+}
+
+/// A host of the plan.
+#[derive(Debug, Clone)]
+pub struct PlanHost {
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub ns: String,
+    /// Data-plane interface.
+    pub ifname: String,
+    /// Data-plane address.
+    pub ip: Ipv4Addr,
+    /// Data-plane MAC.
+    pub mac: [u8; 6],
+    /// Management address (bootstrap of the ranks).
+    pub mgmt: Ipv4Addr,
+    /// Switch it attaches to.
+    pub switch: String,
+    /// Port of that switch.
+    pub port: String,
+}
+
+/// What `inc-controller plan` prints, as far as the tests need it.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Controller namespace.
+    pub controller_ns: String,
+    /// Controller address `ip:port`.
+    pub controller_addr: String,
+    /// Switches.
+    pub switches: Vec<PlanSwitch>,
+    /// Switch ports.
+    pub ports: Vec<PlanPort>,
+    /// Hosts, by rank.
+    pub hosts: Vec<PlanHost>,
+    /// Data links: `((ns, ifname), (ns, ifname))` of both ends.
+    pub veths: Vec<((String, String), (String, String))>,
+}
+
+fn mac(s: &str) -> Result<[u8; 6], String> {
+    let v: Vec<u8> = s.split(':').filter_map(|b| u8::from_str_radix(b, 16).ok()).collect();
+    v.try_into().map_err(|_| format!("bad MAC `{s}` in plan"))
+}
+
+impl Plan {
+    /// Parse the plan text.
+    pub fn parse(text: &str) -> Result<Plan, String> {
+        let mut p = Plan::default();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let bad = || format!("bad plan line `{line}`");
+            match f.first().copied() {
+                Some("controller") if f.len() >= 3 => {
+                    p.controller_ns = f[1].into();
+                    p.controller_addr = f[2].into();
+                }
+                Some("switch") if f.len() >= 4 => p.switches.push(PlanSwitch {
+                    name: f[1].into(),
+                    id: f[2].parse().map_err(|_| bad())?,
+                    ns: f[3].into(),
+                }),
+                Some("port") if f.len() >= 7 => p.ports.push(PlanPort {
+                    switch: f[1].into(),
+                    port: f[2].into(),
+                    ns: f[3].into(),
+                    ifname: f[4].into(),
+                    ip: f[5].parse().map_err(|_| bad())?,
+                    mac: mac(f[6])?,
+                }),
+                Some("veth") if f.len() >= 7 => {
+                    p.veths.push(((f[1].into(), f[2].into()), (f[5].into(), f[6].into())))
+                }
+                Some("host") if f.len() >= 10 => p.hosts.push(PlanHost {
+                    name: f[1].into(),
+                    ns: f[2].into(),
+                    ifname: f[3].into(),
+                    ip: f[4].parse().map_err(|_| bad())?,
+                    mac: mac(f[5])?,
+                    mgmt: f[6].parse().map_err(|_| bad())?,
+                    switch: f[8].into(),
+                    port: f[9].into(),
+                }),
+                _ => {}
+            }
+        }
+        if p.controller_ns.is_empty() || p.switches.is_empty() || p.hosts.is_empty() {
+            return Err(format!("plan without controller, switches or hosts:\n{text}"));
+        }
+        Ok(p)
+    }
+
+    /// The switch named `name`.
+    pub fn switch(&self, name: &str) -> &PlanSwitch {
+        self.switches.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no switch {name}"))
+    }
+
+    /// The far end `(ns, ifname)` of the link whose one end is `ifname` in `ns`.
+    pub fn peer_of(&self, ns: &str, ifname: &str) -> Option<(String, String)> {
+        self.veths.iter().find_map(|(a, b)| {
+            if a.0 == ns && a.1 == ifname {
+                Some(b.clone())
+            } else if b.0 == ns && b.1 == ifname {
+                Some(a.clone())
+            } else {
+                None
+            }
+        })
+    }
+
+    /// The port `switch:port`.
+    pub fn port(&self, switch: &str, port: &str) -> &PlanPort {
+        self.ports
+            .iter()
+            .find(|p| p.switch == switch && p.port == port)
+            .unwrap_or_else(|| panic!("no port {switch}:{port}"))
+    }
+}
+
+/// How one host process ended.
+#[derive(Debug)]
+pub struct HostOutcome {
+    /// Rank.
+    pub rank: usize,
+    /// Exit status (`None`: killed at the deadline or by the test).
+    pub status: Option<ExitStatus>,
+    /// When it exited, from the start of the run.
+    pub exited_after: Duration,
+    /// Everything it printed (stdout, then stderr).
+    pub output: String,
+}
+
+impl HostOutcome {
+    /// Exit 0 and a PASS line.
+    pub fn passed(&self) -> bool {
+        self.status.is_some_and(|s| s.success()) && self.output.contains("PASS")
+    }
+
+    /// The median time (µs) from the program's result line, if it printed one.
+    pub fn time_us(&self) -> Option<f64> {
+        self.output
+            .lines()
+            .find(|l| l.trim_end().ends_with("PASS") || l.trim_end().ends_with("FAIL"))
+            .and_then(|l| l.split_whitespace().nth(8))
+            .and_then(|t| t.parse().ok())
+    }
+}
+
+/// Host processes of one collective run.
+#[derive(Debug)]
+pub struct HostRun {
+    children: Vec<(usize, Option<Child>, PathBuf)>,
+    started: Instant,
+}
+
+impl HostRun {
+    /// When the processes were started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// SIGKILL the process of `rank` now (it then reports no status).
+    pub fn kill(&mut self, rank: usize) {
+        if let Some((_, Some(c), _)) = self.children.iter_mut().find(|(r, _, _)| *r == rank) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(e) = self.children.iter_mut().find(|(r, _, _)| *r == rank) {
+            e.1 = None;
+        }
+    }
+
+    /// Wait for every process, up to `timeout` from now; stragglers are killed.
+    pub fn wait(mut self, timeout: Duration) -> Vec<HostOutcome> {
+        let deadline = Instant::now() + timeout;
+        let mut done: BTreeMap<usize, (Option<ExitStatus>, Duration)> = BTreeMap::new();
+        for (rank, c, _) in &self.children {
+            if c.is_none() {
+                done.insert(*rank, (None, self.started.elapsed()));
+            }
+        }
+        while done.len() < self.children.len() {
+            for (rank, c, _) in &mut self.children {
+                let Some(child) = c.as_mut() else { continue };
+                if done.contains_key(rank) {
+                    continue;
+                }
+                if let Ok(Some(s)) = child.try_wait() {
+                    done.insert(*rank, (Some(s), self.started.elapsed()));
+                } else if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    done.insert(*rank, (None, self.started.elapsed()));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.children
+            .iter_mut()
+            .map(|(rank, c, log)| {
+                *c = None;
+                let (status, exited_after) = done[rank];
+                let output = std::fs::read_to_string(&*log).unwrap_or_default();
+                HostOutcome { rank: *rank, status, exited_after, output }
+            })
+            .collect()
+    }
+}
+
+impl Drop for HostRun {
+    fn drop(&mut self) {
+        for (_, c, _) in &mut self.children {
+            if let Some(c) = c.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// A deployed topology. Fields drop in order: processes (in `Drop`), then the
+/// namespaces, then the lock.
+#[derive(Debug)]
+pub struct Deployment {
+    /// Namespace prefix.
+    pub prefix: String,
+    /// Topology file.
+    pub topology: PathBuf,
+    /// The plan.
+    pub plan: Plan,
+    /// Where process logs go (removed on drop unless the test panicked).
+    pub logdir: PathBuf,
+    link_emu: Vec<String>,
+    controller: Option<Child>,
+    switches: BTreeMap<String, Child>,
+    _guard: TeardownGuard,
+    _lock: Flock<File>,
+}
+
+fn spawn_in(
+    ns: &str,
+    log: &Path,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+) -> Child {
+    let out = File::create(log).expect("log file");
+    let err = out.try_clone().expect("log file");
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {} in {ns}: {e}", program.display()))
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Deployment {
+    /// Bring `topology` (relative to the repository) up under `prefix`, start the
+    /// controller and one process per switch with `--link-emu` arguments `link_emu`,
+    /// and wait until every switch registered.
+    pub fn up(prefix: &str, topology: &str, link_emu: &[&str]) -> Deployment {
+        let root = repo_root();
+        let lock_file = File::create(std::env::temp_dir().join("inc-e2e.lock")).expect("lock");
+        let lock = Flock::lock(lock_file, FlockArg::LockExclusive).expect("flock");
+        let guard = TeardownGuard::new(prefix);
+        let topology = root.join(topology);
+        let logdir = std::env::temp_dir().join(format!("inc-faults-{prefix}"));
+        let _ = std::fs::remove_dir_all(&logdir);
+        std::fs::create_dir_all(&logdir).expect("log dir");
+        let ctrl = bin_dir().join("inc-controller");
+        let up = Command::new(root.join("scripts/netns-up"))
+            .arg(&topology)
+            .args(["--prefix", prefix])
+            .env("INC_CONTROLLER", &ctrl)
+            .output()
+            .expect("scripts/netns-up");
+        assert!(up.status.success(), "netns-up: {}", String::from_utf8_lossy(&up.stderr));
+        let plan = Command::new(&ctrl)
+            .args(["plan", "--topology"])
+            .arg(&topology)
+            .args(["--prefix", prefix])
+            .output()
+            .expect("inc-controller plan");
+        assert!(plan.status.success(), "plan: {}", String::from_utf8_lossy(&plan.stderr));
+        let plan = Plan::parse(&String::from_utf8_lossy(&plan.stdout)).expect("plan");
+        let mut d = Deployment {
+            prefix: prefix.to_string(),
+            topology,
+            plan,
+            logdir,
+            link_emu: link_emu.iter().map(|s| s.to_string()).collect(),
+            controller: None,
+            switches: BTreeMap::new(),
+            _guard: guard,
+            _lock: lock,
+        };
+        let args = vec![
+            "serve".to_string(),
+            "--topology".into(),
+            d.topology.display().to_string(),
+            "--listen".into(),
+            d.plan.controller_addr.clone(),
+        ];
+        d.controller = Some(spawn_in(
+            &d.plan.controller_ns,
+            &d.logdir.join("controller.log"),
+            &ctrl,
+            &args,
+            &[],
+        ));
+        let names: Vec<String> = d.plan.switches.iter().map(|s| s.name.clone()).collect();
+        for name in &names {
+            d.start_switch(name);
+        }
+        for name in &names {
+            d.wait_registered(name);
+        }
+        d
+    }
+
+    fn switch_log(&self, name: &str) -> PathBuf {
+        self.logdir.join(format!("switch-{name}.log"))
+    }
+
+    /// Start (or restart) the process of switch `name`.
+    pub fn start_switch(&mut self, name: &str) {
+        let sw = self.plan.switch(name).clone();
+        let mut args = vec![
+            "run".to_string(),
+            "--backend".into(),
+            "af_packet".into(),
+            "--topology".into(),
+            self.topology.display().to_string(),
+            "--controller".into(),
+            self.plan.controller_addr.clone(),
+            "--stats-listen".into(),
+            "127.0.0.1:7100".into(),
+            "--switch".into(),
+            format!("{}:{}", sw.id, sw.name),
+        ];
+        for p in self.plan.ports.iter().filter(|p| p.switch == name) {
+            args.push("--port".into());
+            args.push(format!("{}:{}={}", name, p.port, p.ifname));
+        }
+        for e in &self.link_emu {
+            args.push(format!("--link-emu={e}"));
+        }
+        let log = self.switch_log(name);
+        let child = spawn_in(&sw.ns, &log, &bin_dir().join("inc-switch"), &args, &[]);
+        self.switches.insert(name.to_string(), child);
+    }
+
+    /// Wait until switch `name` logged its registration (since its last start).
+    pub fn wait_registered(&self, name: &str) {
+        let log = self.switch_log(name);
+        wait_until(&format!("switch {name} to register"), Duration::from_secs(30), || {
+            std::fs::read_to_string(&log).is_ok_and(|s| s.contains("registered with controller"))
+        });
+    }
+
+    /// SIGKILL the process of switch `name`.
+    pub fn kill_switch(&mut self, name: &str) {
+        if let Some(mut c) = self.switches.remove(name) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The counters of switch `name` (`inc-switch stats`), or `None` if it does not answer.
+    pub fn try_stats(&self, name: &str) -> Option<Value> {
+        let sw = self.plan.switch(name);
+        let out = Command::new("ip")
+            .args(["netns", "exec", &sw.ns])
+            .arg(bin_dir().join("inc-switch"))
+            .args(["stats", "127.0.0.1:7100"])
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// The counters of switch `name`; panics if it does not answer.
+    pub fn stats(&self, name: &str) -> Value {
+        self.try_stats(name).unwrap_or_else(|| panic!("switch {name} does not serve its counters"))
+    }
+
+    /// Start `program` (e.g. `inccl-allreduce`) on every host: `count` elements,
+    /// `extra` arguments, `env` on top of the controller and interface settings.
+    /// `job` picks the bootstrap port, so runs may overlap.
+    pub fn start_hosts(
+        &self,
+        job: u16,
+        program: &str,
+        count: u64,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> HostRun {
+        let world = self.plan.hosts.len();
+        let master = format!("{}:{}", self.plan.hosts[0].mgmt, 52223 + job);
+        let started = Instant::now();
+        let children = self
+            .plan
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                let mut args =
+                    vec![world.to_string(), master.clone(), rank.to_string(), count.to_string()];
+                args.extend(extra.iter().map(|s| s.to_string()));
+                let mut envs = vec![
+                    ("INCCL_CONTROLLER".to_string(), self.plan.controller_addr.clone()),
+                    ("INCCL_IFACE".to_string(), h.ifname.clone()),
+                ];
+                envs.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+                let log = self.logdir.join(format!("job{job}-{program}-rank{rank}.log"));
+                let child = spawn_in(&h.ns, &log, &bin_dir().join(program), &args, &envs);
+                (rank, Some(child), log)
+            })
+            .collect();
+        HostRun { children, started }
+    }
+
+    /// Run a shell command inside namespace `ns`; panics on failure.
+    pub fn exec_in(&self, ns: &str, cmd: &[&str]) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(cmd)
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd:?} in {ns}: {e}"));
+        assert!(
+            out.status.success(),
+            "{cmd:?} in {ns} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Every log of this deployment, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut s = String::new();
+        let Ok(dir) = std::fs::read_dir(&self.logdir) else { return s };
+        let mut files: Vec<PathBuf> = dir.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        files.sort();
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            s += &format!("----- {}\n", f.display());
+            for l in tail.iter().rev() {
+                s += l;
+                s += "\n";
+            }
+        }
+        s
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        // SIGTERM first so switches print their counters into the logs.
+        let pids: Vec<i32> =
+            self.switches.values().chain(self.controller.as_ref()).map(|c| c.id() as i32).collect();
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for c in self.switches.values_mut().chain(self.controller.as_mut()) {
+            loop {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("logs kept in {}", self.logdir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.logdir);
+        }
+    }
+}
