@@ -85,7 +85,6 @@ fn rules(with_parent: bool) -> SwitchRules {
         mtu: MTU,
         window: WINDOW,
         slots: 2 * WINDOW,
-        slot_base: 0,
         parent,
         connections,
     }
