@@ -294,13 +294,7 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
 
 /// `main` of the three programs.
 pub fn main_for(which: Collective) -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("INCCL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    inc_log::init("INCCL_LOG", "warn");
     let args = Args::parse();
     match run(which, &args) {
         Ok(r) if r.pass => std::process::ExitCode::SUCCESS,

@@ -63,15 +63,7 @@ fn code(e: &Error) -> c_int {
 /// `INCCL_LOG=<filter>` (e.g. `info`, `inccl=debug`) logs to stderr from C programs.
 fn init_logging() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        if let Ok(filter) = std::env::var("INCCL_LOG") {
-            tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                .with_writer(std::io::stderr)
-                .try_init()
-                .ok();
-        }
-    });
+    ONCE.call_once(|| inc_log::init_if_set("INCCL_LOG"));
 }
 
 /// Run `f`, turning errors and panics into `on_err` plus the thread's last error.

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 
-use inc_ctrl_proto::Mac;
+use inc_ctrl_proto::EthernetAddress;
 use nix::net::if_::InterfaceFlags;
 
 use crate::config::GroupConfig;
@@ -22,14 +22,14 @@ pub struct DataPlane {
     /// IPv4 address the QPs bind to and register with the controller.
     pub ip: Ipv4Addr,
     /// MAC address of the interface (derived from the IP when unknown).
-    pub mac: Mac,
+    pub mac: EthernetAddress,
 }
 
 /// One interface as seen by `getifaddrs`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct IfInfo {
     pub ipv4: Vec<Ipv4Addr>,
-    pub mac: Option<Mac>,
+    pub mac: Option<EthernetAddress>,
     pub loopback: bool,
     pub up: bool,
 }
@@ -47,7 +47,7 @@ pub(crate) fn interfaces() -> Result<BTreeMap<String, IfInfo>> {
         if let Some(sin) = addr.as_sockaddr_in() {
             info.ipv4.push(sin.ip());
         } else if let Some(mac) = addr.as_link_addr().and_then(|l| l.addr()) {
-            info.mac = Some(Mac(mac));
+            info.mac = Some(EthernetAddress(mac));
         }
     }
     Ok(out)
@@ -74,7 +74,7 @@ pub fn resolve(cfg: &GroupConfig) -> Result<DataPlane> {
 pub(crate) fn select(
     iface: Option<&str>,
     local_ip: Option<Ipv4Addr>,
-    local_mac: Option<Mac>,
+    local_mac: Option<EthernetAddress>,
     mgmt: Option<Ipv4Addr>,
     ifs: &BTreeMap<String, IfInfo>,
 ) -> Result<DataPlane> {
@@ -94,7 +94,7 @@ pub(crate) fn select(
                 )))
             }
         };
-        let mac = local_mac.or(info.mac).unwrap_or_else(|| Mac::from_ipv4(ip));
+        let mac = local_mac.or(info.mac).unwrap_or_else(|| EthernetAddress::from_ipv4(ip));
         return Ok(DataPlane { iface: Some(name.to_string()), ip, mac });
     }
     if let Some(ip) = local_ip {
@@ -102,7 +102,7 @@ pub(crate) fn select(
         let owner = ifs.iter().find(|(_, i)| i.ipv4.contains(&ip));
         let mac = local_mac
             .or_else(|| owner.and_then(|(_, i)| i.mac).filter(|m| m.0 != [0; 6]))
-            .unwrap_or_else(|| Mac::from_ipv4(ip));
+            .unwrap_or_else(|| EthernetAddress::from_ipv4(ip));
         return Ok(DataPlane { iface: owner.map(|(n, _)| n.clone()), ip, mac });
     }
     let usable: Vec<(&String, &IfInfo)> =
@@ -128,7 +128,7 @@ pub(crate) fn select(
     Ok(DataPlane {
         iface: Some(name.to_string()),
         ip,
-        mac: local_mac.or(info.mac).unwrap_or_else(|| Mac::from_ipv4(ip)),
+        mac: local_mac.or(info.mac).unwrap_or_else(|| EthernetAddress::from_ipv4(ip)),
     })
 }
 
@@ -146,7 +146,7 @@ mod tests {
             "mgmt0".to_string(),
             IfInfo {
                 ipv4: vec![Ipv4Addr::new(192, 0, 2, 5)],
-                mac: Some(Mac([2, 0, 0, 0, 0, 5])),
+                mac: Some(EthernetAddress([2, 0, 0, 0, 0, 5])),
                 loopback: false,
                 up: true,
             },
@@ -155,7 +155,7 @@ mod tests {
             "data0".to_string(),
             IfInfo {
                 ipv4: vec![Ipv4Addr::new(10, 1, 0, 2)],
-                mac: Some(Mac([2, 0, 0, 0, 1, 2])),
+                mac: Some(EthernetAddress([2, 0, 0, 0, 1, 2])),
                 loopback: false,
                 up: true,
             },
@@ -168,7 +168,7 @@ mod tests {
         let dp = select(None, None, None, Some(Ipv4Addr::new(192, 0, 2, 5)), &table()).unwrap();
         assert_eq!(dp.iface.as_deref(), Some("data0"));
         assert_eq!(dp.ip, Ipv4Addr::new(10, 1, 0, 2));
-        assert_eq!(dp.mac, Mac([2, 0, 0, 0, 1, 2]));
+        assert_eq!(dp.mac, EthernetAddress([2, 0, 0, 0, 1, 2]));
     }
 
     #[test]
@@ -193,6 +193,6 @@ mod tests {
         assert!(err.contains("eth9"), "{err}");
         let ip = Ipv4Addr::new(127, 0, 0, 11);
         let dp = select(None, Some(ip), None, None, &table()).unwrap();
-        assert_eq!((dp.ip, dp.mac), (ip, Mac::from_ipv4(ip)));
+        assert_eq!((dp.ip, dp.mac), (ip, EthernetAddress::from_ipv4(ip)));
     }
 }

@@ -16,7 +16,6 @@ mod spec;
 mod stats;
 mod workers;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -189,14 +188,7 @@ enum DpdkVdev {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    inc_log::init("RUST_LOG", "info");
     match Cli::parse().cmd {
         Cmd::Run(args) => run(*args),
         Cmd::Stats { addr, summary } => {

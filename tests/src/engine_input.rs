@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use inc_ctrl_proto::{ConnectionRule, Mac, Peer, SwitchRules};
+use inc_ctrl_proto::{ConnectionRule, Peer, SwitchRules};
 use inc_protocol::Time;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
 use inc_wire::{AethRepr, AethSyndrome, BthRepr, EthAddrs, EthernetAddress, Opcode, Psn, RoceRepr};
@@ -59,13 +59,13 @@ fn rules(with_parent: bool) -> SwitchRules {
     let conn = |p: usize, peer: Peer, ranks: Vec<u16>| ConnectionRule {
         port: format!("p{p}"),
         local_ip: port_ip(p),
-        local_mac: Mac(mac(port_ip(p)).0),
+        local_mac: mac(port_ip(p)),
         local_qpn: 0x100 + p as u32,
         local_udp_port: 49152 + p as u16,
         local_start_psn: 1000 * p as u32,
         peer,
         peer_ip: peer_ip(p),
-        peer_mac: Some(Mac(mac(peer_ip(p)).0)),
+        peer_mac: Some(mac(peer_ip(p))),
         peer_qpn: 0x200 + p as u32,
         peer_udp_port: if matches!(peer, Peer::Switch { .. }) { 4791 } else { 50000 + p as u16 },
         peer_start_psn: 0xFF_FFF0 - p as u32, // wraps soon

@@ -16,22 +16,17 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use inc_controller::{compile, Allocator, CommunicatorSpec};
-use inc_ctrl_proto::Mac;
 use inc_ctrl_proto::{RankEndpoint, MAX_24BIT, ROCE_UDP_PORT};
 use inc_protocol::Time;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
 use inc_tests::sim::plan::{host_mac, load_topology};
-use inc_wire::{DataType, EthernetAddress, Operator};
+use inc_wire::{DataType, Operator};
 use inccl_engine::{CollectiveKind, CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
 
 /// Ranks in the communicator (hosts 0..RANKS of the topology).
 const RANKS: usize = 2;
 /// Largest frame either engine may emit (mtu 4096 plus headers), with room to spare.
 const FRAME_BUF: usize = 9216;
-
-fn mac(m: Mac) -> EthernetAddress {
-    EthernetAddress(m.0)
-}
 
 /// Input element `i` of `rank`.
 fn input(rank: usize, i: u64) -> i32 {
@@ -90,7 +85,7 @@ fn allreduce(count: u64, mtu: u16, window: u32, data: &mut [Vec<u8>]) -> Stats {
     let ports = sw
         .ports
         .iter()
-        .map(|p| PortConfig { name: p.name.clone(), ip: p.addr.ip, mac: mac(p.mac) })
+        .map(|p| PortConfig { name: p.name.clone(), ip: p.addr.ip, mac: p.mac })
         .collect();
     let mut switch = SwitchEngine::new(SwitchEngineConfig {
         switch_id: sw.id,
@@ -115,7 +110,7 @@ fn allreduce(count: u64, mtu: u16, window: u32, data: &mut [Vec<u8>]) -> Stats {
         .map(|r| {
             let ep = &compiled.endpoints[r];
             let cfg =
-                HostQpConfig::from_endpoint(ep, RANKS as u16, mac(host_mac(&topo, r)), ranks[r].ip);
+                HostQpConfig::from_endpoint(ep, RANKS as u16, host_mac(&topo, r), ranks[r].ip);
             HostEngine::new(cfg)
         })
         .collect();

@@ -20,9 +20,6 @@ pub const TOKEN_ENV: &str = "INC_CONTROLLER_TOKEN";
 
 pub use client::{ClientError, ControllerClient, Push, PushRequest, SwitchSession};
 pub use codec::{CodecError, FrameBuffer, FrameDecoder, MAX_FRAME};
-/// The control plane's former name of [`EthernetAddress`], kept until its last users
-/// (the INCCL transports, engine tests, simulation plan) are renamed.
-pub use inc_wire::EthernetAddress as Mac;
 pub use inc_wire::{EthernetAddress, ParseEthernetAddressError};
 pub use msg::{
     CommunicatorStatus, Envelope, GroupStatus, Message, StatusReport, SwitchStatus,

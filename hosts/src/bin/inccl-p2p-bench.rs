@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use inc_ctrl_proto::Mac;
 use inc_wire::{BthRepr, EthAddrs, EthernetAddress, Opcode, Psn, RoceRepr};
 use inccl::bench::RoceSocket;
 
@@ -69,8 +68,9 @@ fn rate(label: &str, packets: u64, payload: u64, udp: u64, t: Duration) {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Recv { bind, peer, seconds } => {
-            let mut io = RoceSocket::bind(*bind.ip(), bind.port(), Mac::from_ipv4(*bind.ip()))
-                .with_context(|| format!("binding {bind}"))?;
+            let mut io =
+                RoceSocket::bind(*bind.ip(), bind.port(), EthernetAddress::from_ipv4(*bind.ip()))
+                    .with_context(|| format!("binding {bind}"))?;
             let (mut good, mut bad, mut payload) = (0u64, 0u64, 0u64);
             let mut start: Option<Instant> = None;
             let idle_limit = Duration::from_secs(10);
@@ -89,13 +89,17 @@ fn main() -> anyhow::Result<()> {
                 }
                 last = Instant::now();
                 start.get_or_insert_with(Instant::now);
-                io.recv_frames(peer, Mac::from_ipv4(peer), |frame| match RoceRepr::parse(frame) {
-                    Ok(f) if f.icrc_ok => {
-                        good += 1;
-                        payload += f.payload.len() as u64;
-                    }
-                    _ => bad += 1,
-                })?;
+                io.recv_frames(
+                    peer,
+                    EthernetAddress::from_ipv4(peer),
+                    |frame| match RoceRepr::parse(frame) {
+                        Ok(f) if f.icrc_ok => {
+                            good += 1;
+                            payload += f.payload.len() as u64;
+                        }
+                        _ => bad += 1,
+                    },
+                )?;
             }
             let Some(start) = start else {
                 bail!("nothing received from {peer} within {idle_limit:?}")
@@ -117,12 +121,12 @@ fn main() -> anyhow::Result<()> {
             if !(1..=4096).contains(&mtu) {
                 bail!("--mtu {mtu} must be 1..=4096");
             }
-            let mut io = RoceSocket::bind(bind, 0, Mac::from_ipv4(bind))
+            let mut io = RoceSocket::bind(bind, 0, EthernetAddress::from_ipv4(bind))
                 .with_context(|| format!("binding {bind}"))?;
             let local = io.local_addr();
             let eth = EthAddrs {
-                src: EthernetAddress(Mac::from_ipv4(bind).0),
-                dst: EthernetAddress(Mac::from_ipv4(*to.ip()).0),
+                src: EthernetAddress::from_ipv4(bind),
+                dst: EthernetAddress::from_ipv4(*to.ip()),
             };
             let mut repr = RoceRepr::new(
                 eth,

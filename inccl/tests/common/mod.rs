@@ -232,7 +232,7 @@ fn data_plane(topo: Topology, pushes: Receiver<PushMsg>, stop: Arc<AtomicBool>) 
                             &mut buf[..HDR + n],
                             from,
                             to,
-                            inc_ctrl_proto::Mac::from_ipv4(*from.ip()).0,
+                            inc_ctrl_proto::EthernetAddress::from_ipv4(*from.ip()).0,
                             mac.0,
                         );
                         engines[*si].handle_frame(now(), *pi, &buf[..HDR + n]);

@@ -5,7 +5,6 @@
 use std::collections::VecDeque;
 
 use inc_controller::Topology;
-use inc_ctrl_proto::Mac;
 use inc_protocol::Time;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig, SwitchEvent};
 use std::net::Ipv4Addr;
@@ -26,10 +25,6 @@ const DEST_QP_OFFSET: usize = 14 + 20 + 8 + 5;
 
 fn time(now: Nanos) -> Time {
     Time::from_nanos(now)
-}
-
-fn mac(m: Mac) -> EthernetAddress {
-    EthernetAddress(m.0)
 }
 
 /// Maps a generated collective to the engine's spec.
@@ -69,7 +64,7 @@ impl SwitchNode {
         let ports = sw
             .ports
             .iter()
-            .map(|p| PortConfig { name: p.name.clone(), ip: p.addr.ip, mac: mac(p.mac) })
+            .map(|p| PortConfig { name: p.name.clone(), ip: p.addr.ip, mac: p.mac })
             .collect();
         let config = SwitchEngineConfig {
             switch_id: sw.id,
@@ -316,7 +311,7 @@ impl HostNode {
             next_tx: 0,
             unknown_qp: 0,
             stale: 0,
-            addr: (topo.hosts[host].addr.ip, mac(host_mac(topo, host))),
+            addr: (topo.hosts[host].addr.ip, host_mac(topo, host)),
             arp_out: VecDeque::new(),
             arp_replies: 0,
         }
@@ -357,7 +352,7 @@ impl HostNode {
         let reg = &comm.ranks[usize::from(rank)];
         let ep = &comm.compiled.endpoints[usize::from(rank)];
         let world = comm.ranks.len() as u16;
-        let config = HostQpConfig::from_endpoint(ep, world, mac(host_mac(topo, host)), reg.ip);
+        let config = HostQpConfig::from_endpoint(ep, world, host_mac(topo, host), reg.ip);
         self.qps.push(HostQp {
             comm: comm_index,
             rank,
@@ -607,7 +602,7 @@ mod tests {
         assert_eq!(host.poll_transmit(0, &mut buf), Some((0, ARP_FRAME_LEN)));
         let reply = ArpRepr::parse(&ArpPacket::new_checked(&buf[14..42]).unwrap()).unwrap();
         assert_eq!(reply.operation, ArpOperation::Reply);
-        assert_eq!(reply.source_hardware_addr, mac(host_mac(&topo, 1)));
+        assert_eq!(reply.source_hardware_addr, host_mac(&topo, 1));
         assert_eq!(reply.target_hardware_addr, switch_mac);
         assert!(check_emitted(&buf[..ARP_FRAME_LEN]).is_ok());
     }

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use inc_controller::{compile, Allocator, CommunicatorSpec, Compiled, Topology};
-use inc_ctrl_proto::{Mac, RankEndpoint, MAX_24BIT, ROCE_UDP_PORT};
+use inc_ctrl_proto::{EthernetAddress, RankEndpoint, MAX_24BIT, ROCE_UDP_PORT};
 use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -118,7 +118,7 @@ pub struct CompiledComm {
 }
 
 /// MAC of a host's data-plane interface.
-pub fn host_mac(topo: &Topology, host: usize) -> Mac {
+pub fn host_mac(topo: &Topology, host: usize) -> EthernetAddress {
     let h = &topo.hosts[host];
     h.mac.unwrap_or(h.if_mac)
 }

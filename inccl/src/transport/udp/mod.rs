@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use inc_ctrl_proto::{HostEndpoint, Mac, RankEndpoint};
+use inc_ctrl_proto::{HostEndpoint, RankEndpoint};
 use inc_protocol::Time;
 use inc_wire::{
     EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Ipv4Packet, Ipv4Repr, UdpPacket,
@@ -77,7 +77,7 @@ pub struct UdpStats {
 pub struct RoceSocket {
     sock: Arc<UdpSocket>,
     local: SocketAddrV4,
-    mac: Mac,
+    mac: EthernetAddress,
     tx: Vec<u8>,
     rx: Vec<u8>,
     stats: UdpStats,
@@ -85,7 +85,7 @@ pub struct RoceSocket {
 
 impl RoceSocket {
     /// Bind `ip:port` (port 0: any); `mac` is the destination MAC of rebuilt frames.
-    pub fn bind(ip: Ipv4Addr, port: u16, mac: Mac) -> io::Result<RoceSocket> {
+    pub fn bind(ip: Ipv4Addr, port: u16, mac: EthernetAddress) -> io::Result<RoceSocket> {
         let sock = bind_socket(ip, port)?;
         let local = match sock.local_addr()? {
             SocketAddr::V4(a) => a,
@@ -97,7 +97,7 @@ impl RoceSocket {
     }
 
     /// Batched I/O (with buffers of its own) on a socket shared with other QPs.
-    fn on(sock: Arc<UdpSocket>, local: SocketAddrV4, mac: Mac) -> RoceSocket {
+    fn on(sock: Arc<UdpSocket>, local: SocketAddrV4, mac: EthernetAddress) -> RoceSocket {
         RoceSocket {
             sock,
             local,
@@ -196,7 +196,7 @@ impl RoceSocket {
     pub fn recv_frames(
         &mut self,
         from_ip: Ipv4Addr,
-        peer_mac: Mac,
+        peer_mac: EthernetAddress,
         mut handle: impl FnMut(&[u8]),
     ) -> io::Result<usize> {
         let (local, mac) = (self.local, self.mac);
@@ -268,8 +268,8 @@ fn accept_frame(
     from: SocketAddrV4,
     local: SocketAddrV4,
     switch_ip: Ipv4Addr,
-    switch_mac: Mac,
-    mac: Mac,
+    switch_mac: EthernetAddress,
+    mac: EthernetAddress,
 ) -> bool {
     if *from.ip() != switch_ip {
         trace!(%from, "datagram not from the switch dropped");
@@ -287,7 +287,7 @@ struct Core {
     epoch: Instant,
     engine: HostEngine,
     switch: SocketAddrV4,
-    switch_mac: Mac,
+    switch_mac: EthernetAddress,
 }
 
 impl Core {
@@ -421,7 +421,7 @@ pub(crate) struct UdpTransport {
     core: Option<Arc<Mutex<Core>>>,
     progress: Option<Progress>,
     local: SocketAddrV4,
-    mac: Mac,
+    mac: EthernetAddress,
     rank: u16,
     qpn: u32,
     start_psn: u32,
@@ -621,8 +621,8 @@ pub(crate) fn rebuild_headers(
     frame: &mut [u8],
     from: SocketAddrV4,
     to: SocketAddrV4,
-    src_mac: Mac,
-    dst_mac: Mac,
+    src_mac: EthernetAddress,
+    dst_mac: EthernetAddress,
 ) -> std::result::Result<(), inc_wire::Error> {
     let udp_len = frame.len() - 14 - 20;
     EthernetRepr {

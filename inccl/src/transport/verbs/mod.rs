@@ -38,7 +38,7 @@ pub(crate) struct VerbsTransport {
     ib: Verbs,
     rank: u16,
     ip: std::net::Ipv4Addr,
-    mac: inc_ctrl_proto::Mac,
+    mac: inc_ctrl_proto::EthernetAddress,
     start_psn: u32,
     op_timeout: Duration,
     coll: Option<HostCollective>,

@@ -6,7 +6,7 @@ use std::collections::BinaryHeap;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use inc_ctrl_proto::{udp_port_for_qpn, ConnectionRule, Mac, Peer, SwitchRules};
+use inc_ctrl_proto::{udp_port_for_qpn, ConnectionRule, Peer, SwitchRules};
 use inc_protocol::Time;
 use inc_wire::{DataType, EthernetAddress, Operator};
 use inccl_engine::{
@@ -24,7 +24,7 @@ fn port_ip(sw: usize, port: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, sw as u8 + 1, port as u8, 1)
 }
 fn mac_of(ip: Ipv4Addr) -> EthernetAddress {
-    EthernetAddress(Mac::from_ipv4(ip).0)
+    EthernetAddress::from_ipv4(ip)
 }
 
 struct HostNode {
@@ -136,13 +136,17 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
         rules[s].connections.push(ConnectionRule {
             port: format!("p{p}"),
             local_ip: port_ip(s, p),
-            local_mac: Mac::from_ipv4(port_ip(s, p)),
+            local_mac: EthernetAddress::from_ipv4(port_ip(s, p)),
             local_qpn: sw_qpn,
             local_udp_port: udp_port_for_qpn(sw_qpn),
             local_start_psn: sw_psn,
             peer: Peer::Host { rank },
             peer_ip: host_ip(rank),
-            peer_mac: if r % 2 == 0 { Some(Mac::from_ipv4(host_ip(rank))) } else { None },
+            peer_mac: if r % 2 == 0 {
+                Some(EthernetAddress::from_ipv4(host_ip(rank)))
+            } else {
+                None
+            },
             peer_qpn: host_qpn,
             peer_udp_port: host_port,
             peer_start_psn: host_psn,
@@ -180,13 +184,13 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
         rules[c].connections.push(ConnectionRule {
             port: format!("p{pc}"),
             local_ip: port_ip(c, pc),
-            local_mac: Mac::from_ipv4(port_ip(c, pc)),
+            local_mac: EthernetAddress::from_ipv4(port_ip(c, pc)),
             local_qpn: qc,
             local_udp_port: udp_port_for_qpn(qc),
             local_start_psn: psn_c,
             peer: Peer::Switch { switch_id: pa as u32 },
             peer_ip: port_ip(pa, pp),
-            peer_mac: Some(Mac::from_ipv4(port_ip(pa, pp))),
+            peer_mac: Some(EthernetAddress::from_ipv4(port_ip(pa, pp))),
             peer_qpn: qp,
             peer_udp_port: 4791,
             peer_start_psn: psn_p,
@@ -197,7 +201,7 @@ fn build(t: &TreeSpec, cfg: SwitchEngineConfig, loss: f64, seed: u64) -> Net {
         rules[pa].connections.push(ConnectionRule {
             port: format!("p{pp}"),
             local_ip: port_ip(pa, pp),
-            local_mac: Mac::from_ipv4(port_ip(pa, pp)),
+            local_mac: EthernetAddress::from_ipv4(port_ip(pa, pp)),
             local_qpn: qp,
             local_udp_port: udp_port_for_qpn(qp),
             local_start_psn: psn_p,
