@@ -79,6 +79,8 @@ impl Fabric {
                 .args(["serve", "--topology"])
                 .arg(topology)
                 .args(["--listen", &plan.ctrl_addr])
+                // Listens only inside the benchmark's private namespace.
+                .arg("--insecure")
                 .stdin(Stdio::null()),
             Some(&logs.join(format!("controller-{backend}.log"))),
         )?;

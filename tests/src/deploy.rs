@@ -359,6 +359,9 @@ impl Deployment {
             d.topology.display().to_string(),
             "--listen".into(),
             d.plan.controller_addr.clone(),
+            // Listens only inside this test's private namespace; authentication has
+            // its own tests (controller/tests/service.rs).
+            "--insecure".into(),
         ];
         d.controller = Some(spawn_in(
             &d.plan.controller_ns,

@@ -41,7 +41,7 @@ pub const HOST_PASSTHROUGH: &[&str] = &[
     "INCCL_TIMEOUT_MS",
     "INCCL_MTU",
     "INCCL_WINDOW",
-    "INCCL_TOKEN",
+    "INC_CONTROLLER_TOKEN",
     "INCCL_LOG",
 ];
 
@@ -156,7 +156,7 @@ pub fn render(
         let mut passthrough: Vec<&str> = vec!["RUST_LOG"];
         match role {
             Role::Controller => passthrough.push("INC_CONTROLLER_TOKEN"),
-            Role::Switch(_) => passthrough.push("INC_TOKEN"),
+            Role::Switch(_) => passthrough.push("INC_CONTROLLER_TOKEN"),
             Role::Host(i) => {
                 for e in host_env(t, i, HOST_DATA_IF, opts.transport) {
                     let _ = writeln!(o, "      - {}", q(&e));

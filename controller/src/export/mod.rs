@@ -256,7 +256,18 @@ pub fn command(t: &Topology, r: Role, opts: &ExportOptions) -> Vec<String> {
     let ctrl = t.controller.to_string();
     let v: Vec<&str> = match r {
         Role::Controller => {
-            vec!["inc-controller", "serve", "--topology", TOPOLOGY_IN_CONTAINER, "--listen", &ctrl]
+            // Not yet: credentials for containers (token file mounted into the controller,
+            // per-role tokens for switches and hosts); the controller is reachable only
+            // from the lab's management network.
+            vec![
+                "inc-controller",
+                "serve",
+                "--topology",
+                TOPOLOGY_IN_CONTAINER,
+                "--listen",
+                &ctrl,
+                "--insecure",
+            ]
         }
         Role::Switch(i) => vec![
             "inc-switch",
