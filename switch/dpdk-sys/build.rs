@@ -53,6 +53,8 @@ fn main() {
 
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     bindgen::Builder::default()
+        // DPDK's C comments are not Rust: rustdoc would run their examples as doctests.
+        .generate_comments(false)
         .header("src/shim.h")
         .clang_args(&cflags)
         .allowlist_function("inc_rte_.*")
