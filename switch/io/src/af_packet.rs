@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Waker};
+use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, Waker};
 use crate::sys::{self, Epoll, EventFd};
 
 /// Size of `tpacket3_hdr` rounded up to TPACKET_ALIGNMENT: where the sockaddr_ll starts.
@@ -143,7 +143,7 @@ pub struct AfPacketBackend {
     /// Committed frames: (port, len); buffer index = position.
     tx_queue: Vec<(usize, usize)>,
     /// Port to start the next receive round at (fairness).
-    next_rx: usize,
+    rx_rotation: RxRotation,
 }
 
 fn iface_err(op: &'static str, spec: &PortSpec) -> impl FnOnce(std::io::Error) -> IoError {
@@ -359,7 +359,7 @@ impl AfPacketBackend {
             socks,
             epoll,
             wake,
-            next_rx: 0,
+            rx_rotation: RxRotation::default(),
             config,
         })
     }
@@ -480,17 +480,10 @@ impl Backend for AfPacketBackend {
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<usize, IoError> {
         let n_ports = self.socks.len();
-        let mut total = 0;
-        for k in 0..n_ports {
-            if total >= budget {
-                break;
-            }
-            let p = (self.next_rx + k) % n_ports;
-            total += self.recv_port(p, budget - total, sink);
-        }
-        if n_ports > 0 {
-            self.next_rx = (self.next_rx + 1) % n_ports;
-        }
+        // Taken out for the call: `recv_port` needs all of `self`.
+        let mut rotation = std::mem::take(&mut self.rx_rotation);
+        let total = rotation.poll(n_ports, budget, |p, left| self.recv_port(p, left, sink));
+        self.rx_rotation = rotation;
         Ok(total)
     }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Waker};
+use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, Waker};
 use crate::libpcap::ROCE_UDP_PORT;
 use crate::sys::{self, Epoll, EventFd};
 use crate::xdp_prog::{XdpMode, XdpProgram};
@@ -389,7 +389,7 @@ pub struct AfXdpBackend {
     staging: Vec<u8>,
     /// Frames committed since the last flush.
     batched: usize,
-    next_rx: usize,
+    rx_rotation: RxRotation,
 }
 
 impl AfXdpBackend {
@@ -430,7 +430,7 @@ impl AfXdpBackend {
             socks,
             epoll,
             wake,
-            next_rx: 0,
+            rx_rotation: RxRotation::default(),
             config,
         })
     }
@@ -501,17 +501,10 @@ impl Backend for AfXdpBackend {
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<usize, IoError> {
         let n_ports = self.socks.len();
-        let mut total = 0;
-        for k in 0..n_ports {
-            if total >= budget {
-                break;
-            }
-            let p = (self.next_rx + k) % n_ports;
-            total += self.recv_port(p, budget - total, sink);
-        }
-        if n_ports > 0 {
-            self.next_rx = (self.next_rx + 1) % n_ports;
-        }
+        // Taken out for the call: `recv_port` needs all of `self`.
+        let mut rotation = std::mem::take(&mut self.rx_rotation);
+        let total = rotation.poll(n_ports, budget, |p, left| self.recv_port(p, left, sink));
+        self.rx_rotation = rotation;
         Ok(total)
     }
 

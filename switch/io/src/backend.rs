@@ -224,3 +224,57 @@ mod tests {
         }
     }
 }
+
+/// Fair receive order over a backend's ports: each `recv_batch` starts one port later
+/// than the previous one, so a busy port cannot starve the others of the budget.
+#[derive(Debug, Default)]
+pub(crate) struct RxRotation {
+    next: usize,
+}
+
+impl RxRotation {
+    /// Calls `recv_port(port, remaining_budget)` (which returns the frames it delivered)
+    /// on each of `n_ports` ports in rotated order until `budget` frames are delivered;
+    /// returns the total.
+    pub(crate) fn poll(
+        &mut self,
+        n_ports: usize,
+        budget: usize,
+        mut recv_port: impl FnMut(usize, usize) -> usize,
+    ) -> usize {
+        let mut total = 0;
+        for k in 0..n_ports {
+            if total >= budget {
+                break;
+            }
+            total += recv_port((self.next + k) % n_ports, budget - total);
+        }
+        if n_ports > 0 {
+            self.next = (self.next + 1) % n_ports;
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod rx_rotation_tests {
+    use super::RxRotation;
+
+    #[test]
+    fn starts_one_port_later_each_call_and_stops_at_the_budget() {
+        let mut rot = RxRotation::default();
+        let mut order = Vec::new();
+        let got = rot.poll(3, 10, |p, left| {
+            order.push((p, left));
+            4
+        });
+        assert_eq!((got, order), (12, vec![(0, 10), (1, 6), (2, 2)]));
+        let mut first = None;
+        rot.poll(3, 1, |p, _| {
+            first.get_or_insert(p);
+            1
+        });
+        assert_eq!(first, Some(1));
+        assert_eq!(rot.poll(0, 5, |_, _| unreachable!()), 0);
+    }
+}

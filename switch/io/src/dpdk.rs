@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Waker};
+use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, Waker};
 use crate::dpdk_ffi::{self, EthPort, Mbuf, Mempool, MAX_BURST};
 use crate::sys::{self, EventFd};
 
@@ -211,7 +211,7 @@ pub struct DpdkBackend {
     config: DpdkConfig,
     max_frame: usize,
     queued: usize,
-    next_rx: usize,
+    rx_rotation: RxRotation,
     idle: Backoff,
     wake: Arc<EventFd>,
 }
@@ -334,7 +334,7 @@ impl DpdkBackend {
             descs,
             max_frame,
             queued: 0,
-            next_rx: 0,
+            rx_rotation: RxRotation::default(),
             idle: Backoff { empty: 0, max: config.idle_sleep_max },
             wake: Arc::new(EventFd::new()?),
             config,
@@ -406,16 +406,11 @@ impl Backend for DpdkBackend {
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<usize, IoError> {
         dpdk_ffi::register_thread();
-        let n_ports = self.ports.len();
-        let mut total = 0;
-        for k in 0..n_ports {
-            if total >= budget {
-                break;
-            }
-            let p = (self.next_rx + k) % n_ports;
-            let c = &mut self.counters[p];
-            let eth = self.ports[p].eth.as_mut().expect("port open");
-            let got = eth.rx_burst(budget - total, |m| match m.data() {
+        let (ports, counters) = (&mut self.ports, &mut self.counters);
+        let total = self.rx_rotation.poll(ports.len(), budget, |p, left| {
+            let c = &mut counters[p];
+            let eth = ports[p].eth.as_mut().expect("port open");
+            let got = eth.rx_burst(left, |m| match m.data() {
                 Some(frame) => {
                     c.rx_packets += 1;
                     c.rx_bytes += frame.len() as u64;
@@ -426,11 +421,8 @@ impl Backend for DpdkBackend {
             if got > 0 {
                 c.rx_batches += 1;
             }
-            total += got;
-        }
-        if n_ports > 0 {
-            self.next_rx = (self.next_rx + 1) % n_ports;
-        }
+            got
+        });
         if total == 0 {
             self.idle.empty_poll();
         } else {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use pcap::{Active, Capture, Direction};
 use tracing::{debug, warn};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Waker};
+use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, Waker};
 use crate::sys::{self, Epoll, EventFd};
 
 /// UDP destination port of RoCEv2: the only port the switch engine accepts.
@@ -86,7 +86,7 @@ pub struct PcapBackend {
     wake: Arc<EventFd>,
     tx_area: Vec<u8>,
     tx_queue: Vec<(usize, usize)>,
-    next_rx: usize,
+    rx_rotation: RxRotation,
     /// Ports that returned a full budget last round (worth reading without waiting).
     maybe_ready: bool,
 }
@@ -158,7 +158,7 @@ impl PcapBackend {
             handles,
             epoll,
             wake,
-            next_rx: 0,
+            rx_rotation: RxRotation::default(),
             maybe_ready: true,
             config,
         })
@@ -210,17 +210,10 @@ impl Backend for PcapBackend {
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<usize, IoError> {
         let n_ports = self.handles.len();
-        let mut total = 0;
-        for k in 0..n_ports {
-            if total >= budget {
-                break;
-            }
-            let p = (self.next_rx + k) % n_ports;
-            total += self.recv_port(p, budget - total, sink);
-        }
-        if n_ports > 0 {
-            self.next_rx = (self.next_rx + 1) % n_ports;
-        }
+        // Taken out for the call: `recv_port` needs all of `self`.
+        let mut rotation = std::mem::take(&mut self.rx_rotation);
+        let total = rotation.poll(n_ports, budget, |p, left| self.recv_port(p, left, sink));
+        self.rx_rotation = rotation;
         // libpcap may hold frames already read from the ring: the fd is then not
         // readable, so a full round means "look again before sleeping".
         self.maybe_ready = total >= budget;
