@@ -1,6 +1,7 @@
 //! inc-tests: the deterministic network simulation of the INC protocol ([`sim`]) and
 //! end-to-end tests across processes.
 
+pub mod cases;
 pub mod deploy;
 pub mod engine_input;
 pub mod inject;

@@ -1,94 +1,83 @@
 //! Every switch backend end to end: `scripts/demo topologies/1-2-4.yaml --backend B`
 //! for every collective and both datatypes, B in af_packet, pcap and af_xdp, plus one
-//! process per switch and several data-plane workers. The af_packet matrix of
-//! collectives lives in `e2e_netns`; here af_packet runs the worker and process
-//! variants. Skips when not root (fails instead when CI=true).
+//! process per switch and several data-plane workers, and af_xdp with RoCE MTU 4096
+//! (frames larger than one UMEM chunk; `tests/topologies/1-2-4-mtu4096.yaml`). The
+//! af_packet matrix of collectives lives in `e2e_netns`; here af_packet runs the worker
+//! and process variants. Skips when not root (fails instead when CI=true).
 
-use std::time::Duration;
-
-use inc_tests::netns::{assert_clean, run_demo, skip_reason, unique_prefix};
+use inc_tests::cases::{collective_args, host_bin, run_checked};
 
 const T124: &str = "topologies/1-2-4.yaml";
-const COUNT: &str = "100000";
-
-fn demo(tag: &str, host_bin: &str, args: &[&str]) {
-    if let Some(why) = skip_reason(&[host_bin]) {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("e2e {tag} cannot run in CI: {why}");
-        }
-        eprintln!("SKIP e2e {tag}: {why}");
-        return;
-    }
-    let prefix = unique_prefix(tag);
-    let out = run_demo(&prefix, args, Duration::from_secs(120));
-    assert!(out.success(), "demo {args:?} failed\n{}", out.transcript());
-    assert!(out.stdout.contains("ALL 4 RANKS PASS"), "not every rank passed\n{}", out.transcript());
-    assert!(!out.stdout.contains("FAIL"), "a rank failed\n{}", out.transcript());
-    assert_clean(&prefix);
-}
+/// 1-2-4 with `mtu: 4096` (test-only copy; the shipped topologies keep their default).
+const T124_MTU4096: &str = "tests/topologies/1-2-4-mtu4096.yaml";
 
 fn collective(backend: &str, tag: &str, coll: &str, dtype: &str, extra: &[&str]) {
-    let bin = format!("inccl-{coll}");
-    let mut args = vec![T124, "--backend", backend, "--collective", coll];
-    if coll != "barrier" {
-        args.extend(["--dtype", dtype, "--count", COUNT]);
-    } else {
-        args.extend(["--iters", "10"]);
-    }
-    match coll {
-        "reduce" => args.extend(["--op", "sum", "--root", "2"]),
-        "broadcast" => args.extend(["--root", "3"]),
-        "allreduce" if dtype == "float32" => args.extend(["--op", "max"]),
-        _ => {}
-    }
+    on_topology(T124, backend, tag, coll, dtype, extra);
+}
+
+fn on_topology(topo: &str, backend: &str, tag: &str, coll: &str, dtype: &str, extra: &[&str]) {
+    let (op, root) = match coll {
+        "reduce" => (Some("sum"), Some("2")),
+        "broadcast" => (None, Some("3")),
+        "allreduce" if dtype == "float32" => (Some("max"), None),
+        _ => (None, None),
+    };
+    let mut args = vec![topo, "--backend", backend];
+    args.extend(collective_args(coll, dtype, op, root));
     args.extend(extra);
-    demo(tag, &bin, &args);
+    run_checked(tag, &host_bin(coll), &args, &["ALL 4 RANKS PASS"]);
 }
 
 macro_rules! matrix {
-    ($backend:literal, $m:ident, $t:literal) => {
+    ($backend:literal, $m:ident, $t:literal, $topo:expr) => {
         mod $m {
-            use super::collective;
+            use super::*;
 
             #[test]
             fn allreduce_int32() {
-                collective($backend, concat!($t, "ai"), "allreduce", "int32", &[]);
+                on_topology($topo, $backend, concat!($t, "ai"), "allreduce", "int32", &[]);
             }
             #[test]
             fn allreduce_float32() {
-                collective($backend, concat!($t, "af"), "allreduce", "float32", &[]);
+                on_topology($topo, $backend, concat!($t, "af"), "allreduce", "float32", &[]);
             }
             #[test]
             fn reduce_int32() {
-                collective($backend, concat!($t, "ri"), "reduce", "int32", &[]);
+                on_topology($topo, $backend, concat!($t, "ri"), "reduce", "int32", &[]);
             }
             #[test]
             fn reduce_float32() {
-                collective($backend, concat!($t, "rf"), "reduce", "float32", &[]);
+                on_topology($topo, $backend, concat!($t, "rf"), "reduce", "float32", &[]);
             }
             #[test]
             fn broadcast_int32() {
-                collective($backend, concat!($t, "bi"), "broadcast", "int32", &[]);
+                on_topology($topo, $backend, concat!($t, "bi"), "broadcast", "int32", &[]);
             }
             #[test]
             fn broadcast_float32() {
-                collective($backend, concat!($t, "bf"), "broadcast", "float32", &[]);
+                on_topology($topo, $backend, concat!($t, "bf"), "broadcast", "float32", &[]);
             }
             #[test]
             fn barrier() {
-                collective($backend, concat!($t, "ba"), "barrier", "int32", &[]);
-            }
-            #[test]
-            fn one_process_per_switch() {
-                let extra = ["--switch-procs", "per-switch"];
-                collective($backend, concat!($t, "pp"), "allreduce", "int32", &extra);
+                on_topology($topo, $backend, concat!($t, "ba"), "barrier", "int32", &[]);
             }
         }
     };
 }
 
-matrix!("pcap", pcap, "p");
-matrix!("af_xdp", af_xdp, "x");
+matrix!("pcap", pcap, "p", T124);
+matrix!("af_xdp", af_xdp, "x", T124);
+matrix!("af_xdp", af_xdp_mtu4096, "y", T124_MTU4096);
+
+#[test]
+fn pcap_one_process_per_switch() {
+    collective("pcap", "ppp", "allreduce", "int32", &["--switch-procs", "per-switch"]);
+}
+
+#[test]
+fn af_xdp_one_process_per_switch() {
+    collective("af_xdp", "xpp", "allreduce", "int32", &["--switch-procs", "per-switch"]);
+}
 
 fn with_workers(backend: &str, tag: &str, workers: &str) {
     collective(backend, tag, "allreduce", "int32", &["--workers", workers]);

@@ -7,124 +7,59 @@
 //! builds the switch with `--features dpdk`). Without them the tests skip with a
 //! message, and fail when CI=true.
 
-use std::time::Duration;
+use inc_tests::cases::{collective_args, host_bin, run_checked};
+use inc_tests::netns::dpdk_available;
 
-use inc_tests::netns::{assert_clean, dpdk_available, run_demo, skip_reason, unique_prefix};
-
-fn skip(tag: &str, why: &str) {
-    inc_test_support::skip(&format!("e2e dpdk {tag}"), why);
-}
-
-fn demo(tag: &str, host_bin: &str, args: &[&str]) {
+/// `scripts/demo topologies/1-2-4.yaml --backend dpdk` with one collective and `extra`.
+fn demo(tag: &str, coll: &str, dtype: &str, op: Option<&str>, root: Option<&str>, extra: &[&str]) {
     if !dpdk_available() {
-        return skip(tag, "libdpdk not found by pkg-config (sudo scripts/setup --dpdk)");
+        let why = "libdpdk not found by pkg-config (sudo scripts/setup --dpdk)";
+        return inc_test_support::skip(&format!("e2e dpdk {tag}"), why);
     }
-    if let Some(why) = skip_reason(&[host_bin]) {
-        return skip(tag, &why);
-    }
-    let prefix = unique_prefix(tag);
-    let mut all = vec!["topologies/1-2-4.yaml", "--backend", "dpdk"];
-    all.extend_from_slice(args);
-    let out = run_demo(&prefix, &all, Duration::from_secs(120));
-    assert!(out.success(), "demo {all:?} failed\n{}", out.transcript());
-    assert!(
-        out.stdout.contains("switch backend dpdk"),
-        "not the dpdk backend\n{}",
-        out.transcript()
-    );
-    assert!(out.stdout.contains("ALL 4 RANKS PASS"), "not every rank passed\n{}", out.transcript());
-    assert!(!out.stdout.contains("FAIL"), "a rank failed\n{}", out.transcript());
-    assert_clean(&prefix);
+    let mut args = vec!["topologies/1-2-4.yaml", "--backend", "dpdk"];
+    args.extend(collective_args(coll, dtype, op, root));
+    args.extend_from_slice(extra);
+    run_checked(tag, &host_bin(coll), &args, &["switch backend dpdk", "ALL 4 RANKS PASS"]);
 }
-
-const COUNT: &str = "100000";
 
 #[test]
 fn dpdk_allreduce_int32_sum() {
-    demo(
-        "dai",
-        "inccl-allreduce",
-        &["--collective", "allreduce", "--dtype", "int32", "--count", COUNT],
-    );
+    demo("dai", "allreduce", "int32", None, None, &[]);
 }
 
 #[test]
 fn dpdk_allreduce_float32_sum() {
-    demo(
-        "daf",
-        "inccl-allreduce",
-        &["--collective", "allreduce", "--dtype", "float32", "--op", "sum", "--count", COUNT],
-    );
+    demo("daf", "allreduce", "float32", Some("sum"), None, &[]);
 }
 
 #[test]
 fn dpdk_reduce_int32_sum() {
-    demo(
-        "dri",
-        "inccl-reduce",
-        &["--collective", "reduce", "--dtype", "int32", "--count", COUNT, "--root", "2"],
-    );
+    demo("dri", "reduce", "int32", None, Some("2"), &[]);
 }
 
 #[test]
 fn dpdk_reduce_float32_min() {
-    demo(
-        "drf",
-        "inccl-reduce",
-        &[
-            "--collective",
-            "reduce",
-            "--dtype",
-            "float32",
-            "--op",
-            "min",
-            "--count",
-            COUNT,
-            "--root",
-            "1",
-        ],
-    );
+    demo("drf", "reduce", "float32", Some("min"), Some("1"), &[]);
 }
 
 #[test]
 fn dpdk_broadcast_int32() {
-    demo(
-        "dbi",
-        "inccl-broadcast",
-        &["--collective", "broadcast", "--dtype", "int32", "--count", COUNT, "--root", "3"],
-    );
+    demo("dbi", "broadcast", "int32", None, Some("3"), &[]);
 }
 
 #[test]
 fn dpdk_broadcast_float32() {
-    demo(
-        "dbf",
-        "inccl-broadcast",
-        &["--collective", "broadcast", "--dtype", "float32", "--count", COUNT, "--root", "0"],
-    );
+    demo("dbf", "broadcast", "float32", None, Some("0"), &[]);
 }
 
 /// Barrier carries no data, so it has no datatype to vary.
 #[test]
 fn dpdk_barrier() {
-    demo("dba", "inccl-barrier", &["--collective", "barrier", "--iters", "10"]);
+    demo("dba", "barrier", "int32", None, None, &[]);
 }
 
 /// One switch process per namespace: each process initialises its own EAL.
 #[test]
 fn dpdk_allreduce_process_per_switch() {
-    demo(
-        "dps",
-        "inccl-allreduce",
-        &[
-            "--collective",
-            "allreduce",
-            "--dtype",
-            "int32",
-            "--count",
-            COUNT,
-            "--switch-procs",
-            "per-switch",
-        ],
-    );
+    demo("dps", "allreduce", "int32", None, None, &["--switch-procs", "per-switch"]);
 }

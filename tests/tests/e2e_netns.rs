@@ -4,116 +4,59 @@
 //! message, logged for `scripts/test`) when not root or without `ip netns`; in CI
 //! (`CI=true`) that is a failure instead.
 
-use std::time::Duration;
-
-use inc_tests::netns::{assert_clean, run_demo, skip_reason, unique_prefix};
+use inc_tests::cases::{collective_args, host_bin, run_checked, COUNT};
 
 fn demo(tag: &str, host_bin: &str, args: &[&str]) {
-    if let Some(why) = skip_reason(&[host_bin]) {
-        inc_test_support::skip(&format!("e2e {tag}"), &why);
-        return;
-    }
-    let prefix = unique_prefix(tag);
-    let out = run_demo(&prefix, args, Duration::from_secs(120));
-    assert!(out.success(), "demo {args:?} failed\n{}", out.transcript());
-    assert!(out.stdout.contains("PASS"), "no PASS line\n{}", out.transcript());
-    assert!(!out.stdout.contains("FAIL"), "a rank failed\n{}", out.transcript());
-    assert_clean(&prefix);
+    run_checked(tag, host_bin, args, &["PASS"]);
 }
 
 const T124: &str = "topologies/1-2-4.yaml";
-const COUNT: &str = "100000";
+
+/// One collective on 1-2-4 over af_packet.
+fn case(tag: &str, coll: &str, dtype: &str, op: Option<&str>, root: Option<&str>) {
+    let mut args = vec![T124];
+    args.extend(collective_args(coll, dtype, op, root));
+    demo(tag, &host_bin(coll), &args);
+}
 
 #[test]
 fn allreduce_int32_sum_1_2_4() {
-    demo(
-        "ai",
-        "inccl-allreduce",
-        &[T124, "--collective", "allreduce", "--dtype", "int32", "--op", "sum", "--count", COUNT],
-    );
+    case("ai", "allreduce", "int32", Some("sum"), None);
 }
 
 #[test]
 fn allreduce_float32_max_1_2_4() {
-    demo(
-        "af",
-        "inccl-allreduce",
-        &[T124, "--collective", "allreduce", "--dtype", "float32", "--op", "max", "--count", COUNT],
-    );
+    case("af", "allreduce", "float32", Some("max"), None);
 }
 
 #[test]
 fn allreduce_float32_sum_1_2_4() {
-    demo(
-        "as",
-        "inccl-allreduce",
-        &[T124, "--collective", "allreduce", "--dtype", "float32", "--op", "sum", "--count", COUNT],
-    );
+    case("as", "allreduce", "float32", Some("sum"), None);
 }
 
 #[test]
 fn reduce_int32_1_2_4() {
-    demo(
-        "ri",
-        "inccl-reduce",
-        &[
-            T124,
-            "--collective",
-            "reduce",
-            "--dtype",
-            "int32",
-            "--op",
-            "sum",
-            "--count",
-            COUNT,
-            "--root",
-            "2",
-        ],
-    );
+    case("ri", "reduce", "int32", Some("sum"), Some("2"));
 }
 
 #[test]
 fn reduce_float32_min_1_2_4() {
-    demo(
-        "rf",
-        "inccl-reduce",
-        &[
-            T124,
-            "--collective",
-            "reduce",
-            "--dtype",
-            "float32",
-            "--op",
-            "min",
-            "--count",
-            COUNT,
-            "--root",
-            "1",
-        ],
-    );
+    case("rf", "reduce", "float32", Some("min"), Some("1"));
 }
 
 #[test]
 fn broadcast_int32_1_2_4() {
-    demo(
-        "bi",
-        "inccl-broadcast",
-        &[T124, "--collective", "broadcast", "--dtype", "int32", "--count", COUNT, "--root", "3"],
-    );
+    case("bi", "broadcast", "int32", None, Some("3"));
 }
 
 #[test]
 fn broadcast_float32_1_2_4() {
-    demo(
-        "bf",
-        "inccl-broadcast",
-        &[T124, "--collective", "broadcast", "--dtype", "float32", "--count", COUNT, "--root", "0"],
-    );
+    case("bf", "broadcast", "float32", None, Some("0"));
 }
 
 #[test]
 fn barrier_1_2_4() {
-    demo("ba", "inccl-barrier", &[T124, "--collective", "barrier", "--iters", "10"]);
+    case("ba", "barrier", "int32", None, None);
 }
 
 #[test]

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use tracing::{debug, warn};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, Waker};
+use crate::backend::{
+    Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, TxStaging, Waker,
+};
 use crate::sys::{self, Epoll, EventFd};
 
 /// Size of `tpacket3_hdr` rounded up to TPACKET_ALIGNMENT: where the sockaddr_ll starts.
@@ -138,10 +140,8 @@ pub struct AfPacketBackend {
     counters: Vec<PortCounters>,
     epoll: Epoll,
     wake: Arc<EventFd>,
-    /// One contiguous area of `tx_batch` buffers of `max_frame` bytes.
-    tx_area: Vec<u8>,
-    /// Committed frames: (port, len); buffer index = position.
-    tx_queue: Vec<(usize, usize)>,
+    /// Frames written and committed since the last flush.
+    tx: TxStaging,
     /// Port to start the next receive round at (fairness).
     rx_rotation: RxRotation,
 }
@@ -352,8 +352,7 @@ impl AfPacketBackend {
             descs.push(desc);
         }
         Ok(AfPacketBackend {
-            tx_area: vec![0; config.tx_batch * config.max_frame],
-            tx_queue: Vec::with_capacity(config.tx_batch),
+            tx: TxStaging::new(config.tx_batch, config.max_frame),
             counters: vec![PortCounters::default(); ports.len()],
             ports: descs,
             socks,
@@ -414,19 +413,21 @@ impl AfPacketBackend {
         n
     }
 
-    /// Send the queued frames of `port` (indices into the tx area) with sendmmsg.
-    fn send_port(&mut self, port: usize, idx: &[(usize, usize)]) -> usize {
+    /// Send the staged frames of `port` with sendmmsg. Returns the frames sent.
+    fn send_port(&mut self, port: usize) -> usize {
         let fd: RawFd = self.socks[port].fd.as_raw_fd();
-        let mf = self.config.max_frame;
-        let base = self.tx_area.as_mut_ptr();
-        let mut iov: Vec<libc::iovec> = idx
-            .iter()
-            .map(|&(i, len)| libc::iovec {
-                // Safety: buffer i lies inside tx_area (i < tx_batch).
-                iov_base: unsafe { base.add(i * mf) }.cast(),
-                iov_len: len,
+        let mut iov: Vec<libc::iovec> = self
+            .tx
+            .port_frames(port)
+            // The kernel only reads through iov_base (a send).
+            .map(|(_, f)| libc::iovec {
+                iov_base: f.as_ptr() as *mut libc::c_void,
+                iov_len: f.len(),
             })
             .collect();
+        if iov.is_empty() {
+            return 0;
+        }
         let mut msgs: Vec<libc::mmsghdr> = iov
             .iter_mut()
             .map(|v| {
@@ -439,8 +440,8 @@ impl AfPacketBackend {
             .collect();
         let mut sent = 0;
         while sent < msgs.len() {
-            // Safety: msgs[sent..] are valid mmsghdrs whose iovecs point into tx_area,
-            // which outlives the call; the socket is bound, so no address is needed.
+            // Safety: msgs[sent..] are valid mmsghdrs whose iovecs point into the staged
+            // frames, which outlive the call; the socket is bound, so no address is needed.
             let rc = unsafe {
                 libc::sendmmsg(fd, msgs[sent..].as_mut_ptr(), (msgs.len() - sent) as u32, 0)
             };
@@ -455,9 +456,9 @@ impl AfPacketBackend {
                 debug!(iface = %self.socks[port].label, error = %e, dropped, "sendmmsg failed");
                 break;
             }
-            for &(_, len) in &idx[sent..sent + rc as usize] {
+            for v in &iov[sent..sent + rc as usize] {
                 self.counters[port].tx_packets += 1;
-                self.counters[port].tx_bytes += len as u64;
+                self.counters[port].tx_bytes += v.iov_len as u64;
             }
             sent += rc as usize;
         }
@@ -488,42 +489,22 @@ impl Backend for AfPacketBackend {
     }
 
     fn tx_buffer(&mut self) -> Option<&mut [u8]> {
-        let i = self.tx_queue.len();
-        if i >= self.config.tx_batch {
-            return None;
-        }
-        let mf = self.config.max_frame;
-        Some(&mut self.tx_area[i * mf..(i + 1) * mf])
+        self.tx.buffer()
     }
 
     fn commit_tx(&mut self, port: usize, len: usize) {
-        assert!(self.tx_queue.len() < self.config.tx_batch, "commit_tx without a tx_buffer");
-        assert!(port < self.socks.len(), "commit_tx to port {port} of {}", self.socks.len());
-        self.tx_queue.push((port, len.min(self.config.max_frame)));
-        if self.tx_queue.len() == self.config.tx_batch {
+        if self.tx.commit(port, len, self.socks.len()) {
             self.counters[port].tx_batch_full += 1;
         }
     }
 
     fn flush(&mut self) -> Result<usize, IoError> {
-        if self.tx_queue.is_empty() {
+        if self.tx.is_empty() {
             return Ok(0);
         }
-        let queue = std::mem::take(&mut self.tx_queue);
-        let mut sent = 0;
-        let mut per_port: Vec<(usize, usize)> = Vec::with_capacity(queue.len());
         // Frames keep their order within a port; ports are flushed one after another.
-        for port in 0..self.socks.len() {
-            per_port.clear();
-            per_port.extend(
-                queue.iter().enumerate().filter(|(_, q)| q.0 == port).map(|(i, q)| (i, q.1)),
-            );
-            if !per_port.is_empty() {
-                sent += self.send_port(port, &per_port);
-            }
-        }
-        self.tx_queue = queue;
-        self.tx_queue.clear();
+        let sent = (0..self.socks.len()).map(|port| self.send_port(port)).sum();
+        self.tx.clear();
         Ok(sent)
     }
 

@@ -5,31 +5,45 @@
 //!
 //! The program is attached in native (driver) mode when the device allows it (veth
 //! does), else in generic mode; the mode is reported per port. Sockets are bound in
-//! copy mode (veth has no zero-copy): the kernel copies each received frame into a
-//! UMEM chunk, and each transmitted chunk into a socket buffer.
+//! copy mode (veth has no zero-copy): the kernel copies each received frame into UMEM
+//! chunks, and each transmitted chunk into a socket buffer.
 //!
 //! UMEM layout per port: `rx_frames` chunks owned by the fill/receive rings, then
 //! `tx_frames` chunks on a free list for transmit; a chunk returns to the free list
-//! when the completion ring reports it sent. The batch API hands out a staging buffer
-//! because a frame is written before its port (and so its UMEM) is known; `commit_tx`
-//! copies it into a chunk of that port's UMEM.
+//! when the completion ring reports it sent. The batch API hands out staging buffers
+//! ([`TxStaging`]) because a frame is written before its port (and so its UMEM) is
+//! known; `flush` copies each frame into chunks of its port's UMEM.
 //!
-//! Limit: a frame must fit one chunk (4096 bytes minus the 256-byte XDP headroom on
-//! receive), so RoCEv2 payloads up to 2048 bytes work on any link MTU; larger frames
-//! are dropped by the kernel and counted in `rx_dropped` (not yet: multi-buffer
-//! `XDP_USE_SG`).
+//! Frames larger than one chunk (RoCE MTU 4096, jumbo frames): sockets are bound with
+//! multi-buffer (`XDP_USE_SG`, kernel >= 6.6) and the program is loaded frags-aware, so
+//! the kernel spreads a received frame over several chunks (descriptors flagged
+//! `XDP_PKT_CONTD` except the last); such a frame is copied into one contiguous receive
+//! buffer before the engine sees it (a frame in one chunk is handed over in place). A
+//! transmitted frame is split over as many chunks as it needs, the same way. The
+//! largest frame is the largest port MTU plus 18 bytes (Ethernet header and a VLAN
+//! tag), at least one chunk. Where the kernel refuses `XDP_USE_SG` the socket is
+//! bound without it (logged) and frames are limited to one chunk (4096 bytes on
+//! transmit, 4096 minus the 256-byte XDP headroom on receive; larger received frames
+//! are dropped by the kernel and counted in `rx_dropped`).
+//!
+//! Drops are counted per port: `rx_dropped` (the kernel's ring-full and dropped
+//! counts), `rx_truncated` (bad descriptors, frames larger than the receive buffer),
+//! `tx_dropped` (no free transmit chunks after a kick, a frame longer than the largest
+//! frame, descriptors the kernel rejected).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, Waker};
+use crate::backend::{
+    Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, TxStaging, Waker,
+};
 use crate::libpcap::ROCE_UDP_PORT;
 use crate::sys::{self, Epoll, EventFd};
 use crate::xdp_prog::{XdpMode, XdpProgram};
+use crate::xsk_ring::{Mapping, Ring};
 
 /// UMEM chunk size (one page: the largest aligned chunk).
 const FRAME: usize = 4096;
@@ -63,129 +77,6 @@ impl Default for AfXdpConfig {
     }
 }
 
-/// A shared mapping (UMEM or ring), unmapped on drop.
-#[derive(Debug)]
-struct Mapping {
-    base: *mut u8,
-    len: usize,
-}
-
-// Safety: the mapping is owned by this value and only accessed through its owner
-// (`&mut` or atomics shared with the kernel); moving it between threads is sound.
-unsafe impl Send for Mapping {}
-
-impl Mapping {
-    fn new(fd: Option<RawFd>, len: usize, offset: u64) -> std::io::Result<Self> {
-        let (flags, fd) = match fd {
-            Some(fd) => (libc::MAP_SHARED | libc::MAP_POPULATE, fd),
-            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1),
-        };
-        // Safety: a fresh mapping of `len` bytes; the result is checked and owned here.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                offset as libc::off_t,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Mapping { base: base.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // Safety: base/len are exactly what mmap returned; nothing borrows it any more.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
-    }
-}
-
-/// One single-producer/single-consumer ring shared with the kernel. We are the
-/// producer of fill and tx rings and the consumer of rx and completion rings.
-#[derive(Debug)]
-struct Ring<T> {
-    map: Mapping,
-    producer: usize,
-    consumer: usize,
-    flags: usize,
-    desc: usize,
-    mask: u32,
-    /// Our copy of the index we own (producer or consumer).
-    local: u32,
-    _t: std::marker::PhantomData<T>,
-}
-
-impl<T: Copy> Ring<T> {
-    fn open(
-        fd: RawFd,
-        off: &libc::xdp_ring_offset,
-        size: u32,
-        pgoff: u64,
-    ) -> std::io::Result<Self> {
-        let len = off.desc as usize + size as usize * std::mem::size_of::<T>();
-        let map = Mapping::new(Some(fd), len, pgoff)?;
-        Ok(Ring {
-            map,
-            producer: off.producer as usize,
-            consumer: off.consumer as usize,
-            flags: off.flags as usize,
-            desc: off.desc as usize,
-            mask: size - 1,
-            local: 0,
-            _t: std::marker::PhantomData,
-        })
-    }
-
-    fn word(&self, at: usize) -> &AtomicU32 {
-        // Safety: producer/consumer/flags offsets come from XDP_MMAP_OFFSETS and lie in
-        // the mapping, 4-aligned; the kernel updates them concurrently, hence atomics.
-        unsafe { &*(self.map.base.add(at) as *const AtomicU32) }
-    }
-
-    fn needs_wakeup(&self) -> bool {
-        self.word(self.flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0
-    }
-
-    /// Entries the kernel produced that we have not consumed.
-    fn available(&self) -> u32 {
-        self.word(self.producer).load(Ordering::Acquire).wrapping_sub(self.local)
-    }
-
-    fn read(&self, i: u32) -> T {
-        let at = self.desc + (i & self.mask) as usize * std::mem::size_of::<T>();
-        // Safety: slot (i & mask) lies inside the descriptor array of the mapping; the
-        // kernel published it before advancing the producer (acquire in `available`).
-        unsafe { std::ptr::read_volatile(self.map.base.add(at) as *const T) }
-    }
-
-    fn write(&mut self, i: u32, v: T) {
-        let at = self.desc + (i & self.mask) as usize * std::mem::size_of::<T>();
-        // Safety: slot (i & mask) lies inside the descriptor array and is ours until
-        // the producer index passes it (release in `publish`).
-        unsafe { std::ptr::write_volatile(self.map.base.add(at) as *mut T, v) };
-    }
-
-    /// Consumer side: release entries up to `local`.
-    fn release(&self) {
-        self.word(self.consumer).store(self.local, Ordering::Release);
-    }
-
-    /// Producer side: publish entries up to `local`.
-    fn publish(&self) {
-        self.word(self.producer).store(self.local, Ordering::Release);
-    }
-
-    /// Producer side: entries the kernel has not consumed yet.
-    fn in_flight(&self) -> u32 {
-        self.local.wrapping_sub(self.word(self.consumer).load(Ordering::Acquire))
-    }
-}
-
 #[derive(Debug)]
 struct XskPort {
     /// Dropping the link detaches the program: keep it first.
@@ -207,7 +98,32 @@ struct XskPort {
     /// The kernel still holds published descriptors that need another kick.
     kick_needed: bool,
     rx_frames: u32,
+    /// Bound with multi-buffer (`XDP_USE_SG`): frames may span several chunks.
+    sg: bool,
     label: String,
+}
+
+/// Bind an XSK socket to queue 0 of `ifindex` in copy mode with `extra` bind flags.
+fn bind_xsk(raw: RawFd, ifindex: u32, extra: u16) -> std::io::Result<()> {
+    let sxdp = libc::sockaddr_xdp {
+        sxdp_family: libc::AF_XDP as u16,
+        sxdp_flags: libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP | extra,
+        sxdp_ifindex: ifindex,
+        sxdp_queue_id: 0,
+        sxdp_shared_umem_fd: 0,
+    };
+    // Safety: `sxdp` is a valid sockaddr_xdp of the length passed; `raw` is an open fd.
+    let rc = unsafe {
+        libc::bind(
+            raw,
+            (&sxdp as *const libc::sockaddr_xdp).cast(),
+            std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn iface_err(op: &'static str, spec: &PortSpec) -> impl FnOnce(std::io::Error) -> IoError {
@@ -264,24 +180,18 @@ fn open_port(spec: &PortSpec, cfg: &AfXdpConfig) -> Result<(XskPort, PortDesc), 
     fill.local = cfg.rx_frames;
     fill.publish();
 
-    let sxdp = libc::sockaddr_xdp {
-        sxdp_family: libc::AF_XDP as u16,
-        sxdp_flags: libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP,
-        sxdp_ifindex: ifindex,
-        sxdp_queue_id: 0,
-        sxdp_shared_umem_fd: 0,
+    // Multi-buffer first; a kernel without it (< 6.6) rejects the flag, and the socket,
+    // still unbound, is bound again without it.
+    let sg = match bind_xsk(raw, ifindex, libc::XDP_USE_SG) {
+        Ok(()) => true,
+        Err(err) if matches!(err.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+            warn!(iface = %spec.label(), error = %err,
+                "AF_XDP multi-buffer (XDP_USE_SG) refused: frames limited to one 4 KiB chunk");
+            bind_xsk(raw, ifindex, 0).map_err(e("bind XSK to queue 0"))?;
+            false
+        }
+        Err(err) => return Err(e("bind XSK to queue 0 (multi-buffer)")(err)),
     };
-    // Safety: `sxdp` is a valid sockaddr_xdp of the length passed.
-    let rc = unsafe {
-        libc::bind(
-            raw,
-            (&sxdp as *const libc::sockaddr_xdp).cast(),
-            std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(e("bind XSK to queue 0")(std::io::Error::last_os_error()));
-    }
 
     let mut ports = vec![ROCE_UDP_PORT];
     ports.extend(cfg.udp_ports.iter().copied().filter(|&p| p != ROCE_UDP_PORT));
@@ -312,6 +222,7 @@ fn open_port(spec: &PortSpec, cfg: &AfXdpConfig) -> Result<(XskPort, PortDesc), 
         tx_unpublished: 0,
         kick_needed: false,
         rx_frames,
+        sg,
         label,
     };
     Ok((port, PortDesc { spec: spec.clone(), mac, mtu: Some(mtu) }))
@@ -325,13 +236,167 @@ impl XskPort {
             let addr = self.comp.read(self.comp.local.wrapping_add(i));
             let idx = (addr as usize / FRAME).wrapping_sub(self.rx_frames as usize);
             if let Some(&len) = self.tx_len.get(idx) {
-                c.tx_packets += 1;
-                c.tx_bytes += u64::from(len);
+                // Only a frame's last chunk carries its length.
+                if len > 0 {
+                    c.tx_packets += 1;
+                    c.tx_bytes += u64::from(len);
+                }
                 self.free_tx.push(addr - addr % FRAME as u64);
             }
         }
         self.comp.local = self.comp.local.wrapping_add(n);
         self.comp.release();
+    }
+
+    /// Queue one frame on the transmit ring over as many chunks as it needs
+    /// (`XDP_PKT_CONTD` on all but the last). Drops it, counted, when it is empty, needs
+    /// several chunks on a socket without multi-buffer, or finds too few free chunks
+    /// even after a kick.
+    fn queue_tx(&mut self, frame: &[u8], c: &mut PortCounters) {
+        let chunks = frame.len().div_ceil(FRAME);
+        if chunks == 0 || (chunks > 1 && !self.sg) {
+            c.tx_dropped += 1;
+            debug!(iface = %self.label, len = frame.len(), "frame does not fit the socket");
+            return;
+        }
+        if self.free_tx.len() < chunks {
+            self.reclaim(c);
+        }
+        if self.free_tx.len() < chunks {
+            // Every chunk is still queued in the kernel: push them out, then look again.
+            self.kick(c);
+            self.reclaim(c);
+        }
+        if self.free_tx.len() < chunks {
+            c.tx_dropped += 1;
+            debug!(iface = %self.label, "no free transmit chunk");
+            return;
+        }
+        for (k, piece) in frame.chunks(FRAME).enumerate() {
+            let last = k + 1 == chunks;
+            let addr = self.free_tx.pop().expect("free chunks counted above");
+            // Safety: chunk `addr` is a transmit chunk inside the UMEM, off the free list
+            // and so not in use by the kernel; `piece.len()` <= FRAME; the frame (a
+            // staging buffer) does not overlap the UMEM.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    piece.as_ptr(),
+                    self.umem.base.add(addr as usize),
+                    piece.len(),
+                )
+            };
+            self.tx_len[addr as usize / FRAME - self.rx_frames as usize] =
+                if last { frame.len() as u32 } else { 0 };
+            let options = if last { 0 } else { libc::XDP_PKT_CONTD };
+            let slot = self.tx.local;
+            self.tx.write(slot, libc::xdp_desc { addr, len: piece.len() as u32, options });
+            self.tx.local = slot.wrapping_add(1);
+            self.tx_unpublished += 1;
+        }
+    }
+
+    /// Hand up to `budget` received frames to `sink(port, frame)`; returns how many. A
+    /// frame in one chunk is handed over in place; one spread over several descriptors
+    /// is copied into `rx_buf` first (dropped and counted in `rx_truncated` when it is
+    /// longer). Every consumed chunk goes back on the fill ring.
+    fn recv(
+        &mut self,
+        port: usize,
+        budget: usize,
+        rx_buf: &mut [u8],
+        c: &mut PortCounters,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> usize {
+        let avail = self.rx.available();
+        let (mut i, mut delivered, mut frames) = (0u32, 0, 0);
+        while i < avail && frames < budget {
+            // Descriptors i..end make one frame. The kernel publishes a frame's
+            // descriptors together; should the rest be missing, leave it for later.
+            let mut end = i;
+            let mut more = true;
+            while more && end < avail {
+                more = self.rx.read(self.rx.local.wrapping_add(end)).options & libc::XDP_PKT_CONTD
+                    != 0;
+                end += 1;
+            }
+            if more {
+                break;
+            }
+            frames += 1;
+            if end - i == 1 {
+                let d = self.rx.read(self.rx.local.wrapping_add(i));
+                match self.slice(d) {
+                    Some(frame) => {
+                        c.rx_packets += 1;
+                        c.rx_bytes += frame.len() as u64;
+                        sink(port, frame);
+                        delivered += 1;
+                    }
+                    None => c.rx_truncated += 1,
+                }
+            } else {
+                let mut len = 0;
+                for k in i..end {
+                    let d = self.rx.read(self.rx.local.wrapping_add(k));
+                    match self.slice(d) {
+                        Some(piece) if len + piece.len() <= rx_buf.len() => {
+                            rx_buf[len..len + piece.len()].copy_from_slice(piece);
+                            len += piece.len();
+                        }
+                        _ => {
+                            len = usize::MAX;
+                            break;
+                        }
+                    }
+                }
+                if len == usize::MAX {
+                    c.rx_truncated += 1;
+                } else {
+                    c.rx_packets += 1;
+                    c.rx_bytes += len as u64;
+                    sink(port, &rx_buf[..len]);
+                    delivered += 1;
+                }
+            }
+            for k in i..end {
+                let addr = self.rx.read(self.rx.local.wrapping_add(k)).addr;
+                self.fill.write(self.fill.local, addr - addr % FRAME as u64);
+                self.fill.local = self.fill.local.wrapping_add(1);
+            }
+            i = end;
+        }
+        if i == 0 {
+            return 0;
+        }
+        self.rx.local = self.rx.local.wrapping_add(i);
+        self.rx.release();
+        self.fill.publish();
+        c.rx_batches += 1;
+        if self.fill.needs_wakeup() {
+            // Safety: a zero-length receive with no buffer only wakes the fill path.
+            unsafe {
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+        }
+        delivered
+    }
+
+    /// The bytes a receive descriptor points at, or `None` if it lies outside the UMEM.
+    fn slice(&self, d: libc::xdp_desc) -> Option<&[u8]> {
+        let (addr, len) = (d.addr as usize, d.len as usize);
+        if !addr.checked_add(len).is_some_and(|end| end <= self.umem.len) {
+            return None;
+        }
+        // Safety: [addr, addr+len) lies inside the UMEM (checked) and belongs to us
+        // until its chunk goes back on the fill ring, after the caller is done with it.
+        Some(unsafe { std::slice::from_raw_parts(self.umem.base.add(addr), len) })
     }
 
     /// Publish written descriptors and make the kernel send them (copy mode sends
@@ -379,16 +444,18 @@ impl XskPort {
 /// The AF_XDP backend.
 #[derive(Debug)]
 pub struct AfXdpBackend {
-    config: AfXdpConfig,
     ports: Vec<PortDesc>,
     socks: Vec<XskPort>,
     counters: Vec<PortCounters>,
     epoll: Epoll,
     wake: Arc<EventFd>,
-    /// Staging buffer: frames are written before their port (and UMEM) is known.
-    staging: Vec<u8>,
-    /// Frames committed since the last flush.
-    batched: usize,
+    /// Frames are written before their port (and so its UMEM) is known: staged here,
+    /// copied into chunks at flush.
+    tx: TxStaging,
+    /// Largest frame (transmit staging and receive reassembly size).
+    max_frame: usize,
+    /// A received frame spread over several chunks is copied here for the sink.
+    rx_buf: Vec<u8>,
     rx_rotation: RxRotation,
 }
 
@@ -418,71 +485,33 @@ impl AfXdpBackend {
                 iface: spec.label(),
                 source,
             })?;
-            info!(port = i, iface = %spec, xdp = sock.mode.as_str(), "AF_XDP port open");
+            info!(port = i, iface = %spec, xdp = sock.mode.as_str(), sg = sock.sg, "AF_XDP port open");
             socks.push(sock);
             descs.push(desc);
         }
+        let max_frame = if socks.iter().all(|s| s.sg) {
+            // Ethernet header and a VLAN tag on top of the largest IP MTU.
+            let mtu = descs.iter().filter_map(|d| d.mtu).max().unwrap_or(0) as usize;
+            (mtu + 18).max(FRAME)
+        } else {
+            FRAME
+        };
         Ok(AfXdpBackend {
-            staging: vec![0; FRAME],
-            batched: 0,
+            tx: TxStaging::new(config.tx_batch, max_frame),
+            rx_buf: vec![0; max_frame],
+            max_frame,
             counters: vec![PortCounters::default(); ports.len()],
             ports: descs,
             socks,
             epoll,
             wake,
             rx_rotation: RxRotation::default(),
-            config,
         })
     }
 
     /// XDP attach mode of a port.
     pub fn mode(&self, port: usize) -> XdpMode {
         self.socks[port].mode
-    }
-
-    fn recv_port(&mut self, p: usize, budget: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
-        let s = &mut self.socks[p];
-        let c = &mut self.counters[p];
-        let n = s.rx.available().min(budget as u32);
-        if n == 0 {
-            return 0;
-        }
-        let mut delivered = 0;
-        for i in 0..n {
-            let d = s.rx.read(s.rx.local.wrapping_add(i));
-            let (addr, len) = (d.addr as usize, d.len as usize);
-            if addr.checked_add(len).is_some_and(|end| end <= s.umem.len) {
-                // Safety: [addr, addr+len) lies inside the UMEM (checked) and belongs to
-                // us until the chunk goes back on the fill ring below.
-                let frame = unsafe { std::slice::from_raw_parts(s.umem.base.add(addr), len) };
-                c.rx_packets += 1;
-                c.rx_bytes += len as u64;
-                sink(p, frame);
-                delivered += 1;
-            } else {
-                c.rx_truncated += 1;
-            }
-            s.fill.write(s.fill.local, (addr - addr % FRAME) as u64);
-            s.fill.local = s.fill.local.wrapping_add(1);
-        }
-        s.rx.local = s.rx.local.wrapping_add(n);
-        s.rx.release();
-        s.fill.publish();
-        c.rx_batches += 1;
-        if s.fill.needs_wakeup() {
-            // Safety: a zero-length receive with no buffer only wakes the fill path.
-            unsafe {
-                libc::recvfrom(
-                    s.fd.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    0,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                )
-            };
-        }
-        delivered
     }
 }
 
@@ -500,62 +529,28 @@ impl Backend for AfXdpBackend {
         budget: usize,
         sink: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<usize, IoError> {
-        let n_ports = self.socks.len();
-        // Taken out for the call: `recv_port` needs all of `self`.
-        let mut rotation = std::mem::take(&mut self.rx_rotation);
-        let total = rotation.poll(n_ports, budget, |p, left| self.recv_port(p, left, sink));
-        self.rx_rotation = rotation;
-        Ok(total)
+        let (socks, counters, buf) = (&mut self.socks, &mut self.counters, &mut self.rx_buf);
+        Ok(self.rx_rotation.poll(socks.len(), budget, |p, left| {
+            socks[p].recv(p, left, buf, &mut counters[p], sink)
+        }))
     }
 
     fn tx_buffer(&mut self) -> Option<&mut [u8]> {
-        if self.batched >= self.config.tx_batch {
-            return None;
-        }
-        Some(&mut self.staging[..])
+        self.tx.buffer()
     }
 
     fn commit_tx(&mut self, port: usize, len: usize) {
-        assert!(port < self.socks.len(), "commit_tx to port {port} of {}", self.socks.len());
-        let len = len.min(FRAME);
-        let s = &mut self.socks[port];
-        let c = &mut self.counters[port];
-        if s.free_tx.is_empty() {
-            s.reclaim(c);
-        }
-        if s.free_tx.is_empty() {
-            // Every chunk is still queued in the kernel: push them out, then look again.
-            s.kick(c);
-            s.reclaim(c);
-        }
-        let Some(addr) = s.free_tx.pop() else {
-            c.tx_dropped += 1;
-            return;
-        };
-        // Safety: chunk `addr` is a transmit chunk inside the UMEM, off the free list
-        // and so not in use by the kernel; `len` <= FRAME; the staging buffer does not
-        // overlap the UMEM.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.staging.as_ptr(),
-                s.umem.base.add(addr as usize),
-                len,
-            )
-        };
-        s.tx_len[addr as usize / FRAME - s.rx_frames as usize] = len as u32;
-        let slot = s.tx.local;
-        s.tx.write(slot, libc::xdp_desc { addr, len: len as u32, options: 0 });
-        s.tx.local = slot.wrapping_add(1);
-        s.tx_unpublished += 1;
-        self.batched += 1;
-        if self.batched == self.config.tx_batch {
-            c.tx_batch_full += 1;
+        if self.tx.commit(port, len, self.socks.len()) {
+            self.counters[port].tx_batch_full += 1;
         }
     }
 
     fn flush(&mut self) -> Result<usize, IoError> {
-        let sent = self.batched;
-        self.batched = 0;
+        let sent = self.tx.len();
+        for (_, port, frame) in self.tx.frames() {
+            self.socks[port].queue_tx(frame, &mut self.counters[port]);
+        }
+        self.tx.clear();
         for (s, c) in self.socks.iter_mut().zip(self.counters.iter_mut()) {
             if s.tx_unpublished > 0 || s.kick_needed {
                 s.kick(c);
@@ -566,7 +561,7 @@ impl Backend for AfXdpBackend {
     }
 
     fn max_frame_len(&self) -> usize {
-        FRAME
+        self.max_frame
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {

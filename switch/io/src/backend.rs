@@ -278,3 +278,116 @@ mod rx_rotation_tests {
         assert_eq!(rot.poll(0, 5, |_, _| unreachable!()), 0);
     }
 }
+
+/// The transmit half of the [`Backend`] batch API for backends that copy frames out
+/// (AF_PACKET, pcap, AF_XDP, memory): `batch` buffers of `max_frame` bytes in one
+/// area, handed out in order by [`TxStaging::buffer`], and the port and length of each
+/// committed one. The backend's `flush` reads [`TxStaging::frames`] and hands them to
+/// its kernel or driver call, then calls [`TxStaging::clear`].
+#[derive(Debug)]
+pub(crate) struct TxStaging {
+    area: Vec<u8>,
+    max_frame: usize,
+    /// Committed frames: (port, len); buffer index = position.
+    queue: Vec<(usize, usize)>,
+}
+
+impl TxStaging {
+    /// `batch` buffers of `max_frame` bytes each.
+    pub(crate) fn new(batch: usize, max_frame: usize) -> Self {
+        TxStaging { area: vec![0; batch * max_frame], max_frame, queue: Vec::with_capacity(batch) }
+    }
+
+    /// The next free buffer, or `None` when every buffer holds a committed frame.
+    pub(crate) fn buffer(&mut self) -> Option<&mut [u8]> {
+        let i = self.queue.len();
+        self.area.get_mut(i * self.max_frame..(i + 1) * self.max_frame)
+    }
+
+    /// Commit the first `len` bytes (at most `max_frame`) of the buffer last handed
+    /// out for `port`, one of `n_ports`. Returns true when this filled the batch (the
+    /// backend counts that in `tx_batch_full` of `port`).
+    pub(crate) fn commit(&mut self, port: usize, len: usize, n_ports: usize) -> bool {
+        assert!(self.queue.len() < self.capacity(), "commit_tx without a tx_buffer");
+        assert!(port < n_ports, "commit_tx to port {port} of {n_ports}");
+        self.queue.push((port, len.min(self.max_frame)));
+        self.queue.len() == self.capacity()
+    }
+
+    /// Committed frames in commit order: (buffer index, port, frame).
+    pub(crate) fn frames(&self) -> impl Iterator<Item = (usize, usize, &[u8])> + '_ {
+        self.queue.iter().enumerate().map(|(i, &(port, len))| (i, port, self.frame(i, len)))
+    }
+
+    /// Committed frames of one `port`, in commit order: (buffer index, frame).
+    pub(crate) fn port_frames(&self, port: usize) -> impl Iterator<Item = (usize, &[u8])> + '_ {
+        self.frames().filter(move |f| f.1 == port).map(|(i, _, f)| (i, f))
+    }
+
+    fn frame(&self, i: usize, len: usize) -> &[u8] {
+        &self.area[i * self.max_frame..i * self.max_frame + len]
+    }
+
+    /// Frames committed since the last [`TxStaging::clear`].
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// True when no frame is committed.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Forget the committed frames (after the flush sent or dropped them).
+    pub(crate) fn clear(&mut self) {
+        self.queue.clear();
+    }
+
+    fn capacity(&self) -> usize {
+        self.area.len().checked_div(self.max_frame).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tx_staging_tests {
+    use super::TxStaging;
+
+    #[test]
+    fn hands_out_buffers_in_order_until_the_batch_is_full() {
+        let mut st = TxStaging::new(3, 8);
+        for (k, port) in [(0u8, 1usize), (1, 0), (2, 1)] {
+            let buf = st.buffer().expect("free buffer");
+            assert_eq!(buf.len(), 8);
+            buf[..3].copy_from_slice(&[k; 3]);
+            assert_eq!(st.commit(port, if k == 2 { 100 } else { 3 }, 2), k == 2);
+        }
+        assert!(st.buffer().is_none());
+        assert_eq!(st.len(), 3);
+        let all: Vec<(usize, usize, Vec<u8>)> =
+            st.frames().map(|(i, p, f)| (i, p, f.to_vec())).collect();
+        assert_eq!(
+            all,
+            vec![(0, 1, vec![0; 3]), (1, 0, vec![1; 3]), (2, 1, [vec![2; 3], vec![0; 5]].concat())],
+            "lengths are capped at the buffer size"
+        );
+        let port1: Vec<usize> = st.port_frames(1).map(|(i, _)| i).collect();
+        assert_eq!(port1, vec![0, 2]);
+        st.clear();
+        assert!(st.is_empty());
+        assert!(st.buffer().is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "commit_tx to port 2 of 2")]
+    fn commit_to_a_port_out_of_range_panics() {
+        TxStaging::new(1, 8).commit(2, 1, 2);
+    }
+
+    #[test]
+    #[should_panic(expected = "commit_tx without a tx_buffer")]
+    fn commit_past_the_batch_panics() {
+        let mut st = TxStaging::new(1, 8);
+        st.commit(0, 1, 1);
+        st.commit(0, 1, 1);
+    }
+}

@@ -33,6 +33,8 @@ pub mod libpcap;
 mod sys;
 #[cfg(target_os = "linux")]
 pub mod xdp_prog;
+#[cfg(target_os = "linux")]
+mod xsk_ring;
 
 #[cfg(all(target_os = "linux", feature = "dpdk"))]
 pub mod dpdk;

@@ -15,7 +15,9 @@ use std::time::Duration;
 use pcap::{Active, Capture, Direction};
 use tracing::{debug, warn};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, Waker};
+use crate::backend::{
+    Backend, IoError, PortCounters, PortDesc, PortSpec, RxRotation, TxStaging, Waker,
+};
 use crate::sys::{self, Epoll, EventFd};
 
 /// UDP destination port of RoCEv2: the only port the switch engine accepts.
@@ -84,8 +86,8 @@ pub struct PcapBackend {
     counters: Vec<PortCounters>,
     epoll: Epoll,
     wake: Arc<EventFd>,
-    tx_area: Vec<u8>,
-    tx_queue: Vec<(usize, usize)>,
+    /// Frames written and committed since the last flush.
+    tx: TxStaging,
     rx_rotation: RxRotation,
     /// Ports that returned a full budget last round (worth reading without waiting).
     maybe_ready: bool,
@@ -151,8 +153,7 @@ impl PcapBackend {
             descs.push(d);
         }
         Ok(PcapBackend {
-            tx_area: vec![0; config.tx_batch * config.max_frame],
-            tx_queue: Vec::with_capacity(config.tx_batch),
+            tx: TxStaging::new(config.tx_batch, config.max_frame),
             counters: vec![PortCounters::default(); ports.len()],
             ports: descs,
             handles,
@@ -221,34 +222,25 @@ impl Backend for PcapBackend {
     }
 
     fn tx_buffer(&mut self) -> Option<&mut [u8]> {
-        let i = self.tx_queue.len();
-        if i >= self.config.tx_batch {
-            return None;
-        }
-        let mf = self.config.max_frame;
-        Some(&mut self.tx_area[i * mf..(i + 1) * mf])
+        self.tx.buffer()
     }
 
     fn commit_tx(&mut self, port: usize, len: usize) {
-        assert!(self.tx_queue.len() < self.config.tx_batch, "commit_tx without a tx_buffer");
-        assert!(port < self.handles.len(), "commit_tx to port {port} of {}", self.handles.len());
-        self.tx_queue.push((port, len.min(self.config.max_frame)));
-        if self.tx_queue.len() == self.config.tx_batch {
+        if self.tx.commit(port, len, self.handles.len()) {
             self.counters[port].tx_batch_full += 1;
         }
     }
 
     fn flush(&mut self) -> Result<usize, IoError> {
-        let mf = self.config.max_frame;
         let mut sent = 0;
         let mut touched = 0u64;
-        for (i, &(port, len)) in self.tx_queue.iter().enumerate() {
+        for (_, port, frame) in self.tx.frames() {
             let h = &mut self.handles[port];
             let c = &mut self.counters[port];
-            match h.cap.sendpacket(&self.tx_area[i * mf..i * mf + len]) {
+            match h.cap.sendpacket(frame) {
                 Ok(()) => {
                     c.tx_packets += 1;
-                    c.tx_bytes += len as u64;
+                    c.tx_bytes += frame.len() as u64;
                     sent += 1;
                 }
                 Err(e) => {
@@ -261,7 +253,7 @@ impl Backend for PcapBackend {
                 c.tx_batches += 1;
             }
         }
-        self.tx_queue.clear();
+        self.tx.clear();
         Ok(sent)
     }
 

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, Wake, Waker};
+use crate::backend::{Backend, IoError, PortCounters, PortDesc, PortSpec, TxStaging, Wake, Waker};
 
 /// Largest frame the memory backend carries (jumbo Ethernet).
 pub const MEMORY_MAX_FRAME: usize = 9216;
@@ -105,9 +105,8 @@ pub struct MemoryBackend {
     shared: Arc<Shared>,
     ports: Vec<PortDesc>,
     counters: Vec<PortCounters>,
-    tx_bufs: Vec<Vec<u8>>,
-    /// Committed frames: (port, buffer index, len).
-    tx_queue: Vec<(usize, usize, usize)>,
+    /// Frames written and committed since the last flush.
+    tx: TxStaging,
 }
 
 impl MemoryBackend {
@@ -130,8 +129,7 @@ impl MemoryBackend {
             shared: shared.clone(),
             ports,
             counters: vec![PortCounters::default(); n],
-            tx_bufs: vec![vec![0; MEMORY_MAX_FRAME]; TX_BATCH],
-            tx_queue: Vec::with_capacity(TX_BATCH),
+            tx: TxStaging::new(TX_BATCH, MEMORY_MAX_FRAME),
         };
         (backend, MemoryNet { shared })
     }
@@ -172,36 +170,31 @@ impl Backend for MemoryBackend {
     }
 
     fn tx_buffer(&mut self) -> Option<&mut [u8]> {
-        let i = self.tx_queue.len();
-        self.tx_bufs.get_mut(i).map(|b| b.as_mut_slice())
+        self.tx.buffer()
     }
 
     fn commit_tx(&mut self, port: usize, len: usize) {
-        let i = self.tx_queue.len();
-        assert!(i < self.tx_bufs.len(), "commit_tx without a tx_buffer");
-        assert!(port < self.ports.len(), "commit_tx to port {port} of {}", self.ports.len());
-        self.tx_queue.push((port, i, len.min(MEMORY_MAX_FRAME)));
-        if self.tx_queue.len() == self.tx_bufs.len() {
+        if self.tx.commit(port, len, self.ports.len()) {
             self.counters[port].tx_batch_full += 1;
         }
     }
 
     fn flush(&mut self) -> Result<usize, IoError> {
-        if self.tx_queue.is_empty() {
+        if self.tx.is_empty() {
             return Ok(0);
         }
-        let n = self.tx_queue.len();
+        let n = self.tx.len();
         {
             let mut q = self.shared.lock();
-            for &(port, i, len) in &self.tx_queue {
-                q.outbound.push_back((port, self.tx_bufs[i][..len].to_vec()));
+            for (_, port, frame) in self.tx.frames() {
+                q.outbound.push_back((port, frame.to_vec()));
                 let c = &mut self.counters[port];
                 c.tx_packets += 1;
-                c.tx_bytes += len as u64;
+                c.tx_bytes += frame.len() as u64;
                 c.tx_batches += 1;
             }
         }
-        self.tx_queue.clear();
+        self.tx.clear();
         self.shared.to_net.notify_all();
         Ok(n)
     }

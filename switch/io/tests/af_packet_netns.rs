@@ -3,43 +3,17 @@
 
 #![cfg(target_os = "linux")]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
 use inc_switch_io::{Backend, PortSpec};
 
-struct Netns {
-    names: Vec<String>,
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false)
-}
+mod common;
+use common::{ip, VethPair};
 
 /// Two namespaces joined by a veth pair `a0` <-> `b0`, or `None` (skip).
-fn setup(tag: &str) -> Option<Netns> {
-    if !inc_test_support::netns_ready(&format!("af_packet_netns::{tag}")) {
-        return None;
-    }
-    let a = format!("incio-{}-{tag}-a", std::process::id());
-    let b = format!("incio-{}-{tag}-b", std::process::id());
-    let guard = Netns { names: vec![a.clone(), b.clone()] };
-    assert!(ip(&["netns", "add", &a]) && ip(&["netns", "add", &b]));
-    assert!(ip(&[
-        "-n", &a, "link", "add", "a0", "type", "veth", "peer", "name", "b0", "netns", &b
-    ]));
-    assert!(ip(&["-n", &a, "link", "set", "a0", "up"]));
-    assert!(ip(&["-n", &b, "link", "set", "b0", "up"]));
-    Some(guard)
+fn setup(tag: &str) -> Option<VethPair> {
+    VethPair::new("incio", tag, None)
 }
 
 fn frame(src: [u8; 6], dst: [u8; 6], seq: u32, len: usize) -> Vec<u8> {

@@ -6,7 +6,6 @@
 #![cfg(target_os = "linux")]
 
 use std::fs::File;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig};
@@ -15,50 +14,12 @@ use inc_switch_io::libpcap::{PcapBackend, PcapConfig};
 use inc_switch_io::xdp_prog::{netlink_set_xdp, XdpMode, XdpProgram};
 use inc_switch_io::{Backend, PortSpec};
 
-struct Netns {
-    names: Vec<String>,
-}
+mod common;
+use common::VethPair;
 
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false)
-}
-
-fn ip_out(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("ip");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Two namespaces joined by a veth pair `a0` <-> `b0`, or `None` (skip).
-fn setup(tag: &str) -> Option<Netns> {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let root =
-        status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    let has_netns =
-        Command::new("ip").args(["netns", "list"]).output().is_ok_and(|o| o.status.success());
-    if !root || !has_netns {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI must run as root with ip netns");
-        eprintln!("SKIP: needs root and `ip netns`");
-        return None;
-    }
-    let a = format!("incxp-{}-{tag}-a", std::process::id());
-    let b = format!("incxp-{}-{tag}-b", std::process::id());
-    let guard = Netns { names: vec![a.clone(), b.clone()] };
-    assert!(ip(&["netns", "add", &a]) && ip(&["netns", "add", &b]));
-    assert!(ip(&[
-        "-n", &a, "link", "add", "a0", "type", "veth", "peer", "name", "b0", "netns", &b
-    ]));
-    for (ns, ifn) in [(&a, "a0"), (&b, "b0")] {
-        assert!(ip(&["-n", ns, "link", "set", ifn, "mtu", "9000", "up"]));
-    }
-    Some(guard)
+/// Two namespaces joined by a veth pair `a0` <-> `b0` (MTU 9000), or `None` (skip).
+fn setup(tag: &str) -> Option<VethPair> {
+    VethPair::new("incxp", tag, Some(9000))
 }
 
 /// Ethernet/IPv4/UDP frame to `dport` with `seq` in the payload, or an ARP request.
@@ -168,18 +129,13 @@ fn check_filtered_in_order(got: &[(Kind, u32)], n: u32) {
     assert!(!got.iter().any(|g| g.0 == Kind::Udp(9999)), "UDP to port 9999 passed the filter");
 }
 
-fn port(ns: &Netns, i: usize) -> PortSpec {
-    let ifn = if i == 0 { "a0" } else { "b0" };
-    format!("{}/{ifn}", ns.names[i]).parse().unwrap()
-}
-
 const KINDS: [Kind; 3] = [Kind::Udp(4791), Kind::Arp, Kind::Udp(9999)];
 
 #[test]
 fn pcap_receives_arp_and_roce_in_order_and_filters_the_rest() {
     let Some(ns) = setup("p") else { return };
-    let mut a = AfPacketBackend::open(&[port(&ns, 0)], AfPacketConfig::default()).unwrap();
-    let mut b = PcapBackend::open(&[port(&ns, 1)], PcapConfig::default()).unwrap();
+    let mut a = AfPacketBackend::open(&[ns.port(0)], AfPacketConfig::default()).unwrap();
+    let mut b = PcapBackend::open(&[ns.port(1)], PcapConfig::default()).unwrap();
     let got = exchange(&mut a, &mut b, &KINDS, 500, 1100);
     check_filtered_in_order(&got, 500);
     // And the other way round: pcap transmits.
@@ -191,11 +147,11 @@ fn pcap_receives_arp_and_roce_in_order_and_filters_the_rest() {
 #[test]
 fn af_xdp_receives_arp_and_roce_in_order_natively_and_passes_the_rest() {
     let Some(ns) = setup("x") else { return };
-    let mut a = AfPacketBackend::open(&[port(&ns, 0)], AfPacketConfig::default()).unwrap();
-    let mut b = AfXdpBackend::open(&[port(&ns, 1)], AfXdpConfig::default()).unwrap();
+    let mut a = AfPacketBackend::open(&[ns.port(0)], AfPacketConfig::default()).unwrap();
+    let mut b = AfXdpBackend::open(&[ns.port(1)], AfXdpConfig::default()).unwrap();
     assert_eq!(b.mode(0), XdpMode::Native);
     assert_eq!(b.port_detail(0).as_deref(), Some("xdp=native"));
-    assert!(ip_out(&["-n", &ns.names[1], "link", "show", "b0"]).contains("xdp"));
+    assert!(ns.link_show(1).contains("xdp"));
     let got = exchange(&mut a, &mut b, &KINDS, 2000, 1100);
     check_filtered_in_order(&got, 2000);
     // AF_XDP transmits: more frames than the transmit UMEM holds, so chunks recycle.
@@ -206,7 +162,7 @@ fn af_xdp_receives_arp_and_roce_in_order_natively_and_passes_the_rest() {
     assert_eq!(c.tx_dropped, 0);
     drop(b);
     assert!(
-        !ip_out(&["-n", &ns.names[1], "link", "show", "b0"]).contains("xdp"),
+        !ns.link_show(1).contains("xdp"),
         "XDP program still attached after the backend closed"
     );
 }
@@ -214,12 +170,37 @@ fn af_xdp_receives_arp_and_roce_in_order_natively_and_passes_the_rest() {
 #[test]
 fn af_xdp_generic_mode_works_when_asked_for() {
     let Some(ns) = setup("g") else { return };
-    let mut a = AfPacketBackend::open(&[port(&ns, 0)], AfPacketConfig::default()).unwrap();
+    let mut a = AfPacketBackend::open(&[ns.port(0)], AfPacketConfig::default()).unwrap();
     let cfg = AfXdpConfig { force_generic: true, ..AfXdpConfig::default() };
-    let mut b = AfXdpBackend::open(&[port(&ns, 1)], cfg).unwrap();
+    let mut b = AfXdpBackend::open(&[ns.port(1)], cfg).unwrap();
     assert_eq!(b.mode(0), XdpMode::Generic);
     let got = exchange(&mut a, &mut b, &KINDS, 500, 1100);
     check_filtered_in_order(&got, 500);
+}
+
+/// Frames larger than one 4 KiB UMEM chunk (RoCE MTU 4096 and jumbo frames) cross
+/// both ways: received over several descriptors and reassembled, and transmitted over
+/// several chunks, in native and in generic mode.
+#[test]
+fn af_xdp_carries_frames_larger_than_a_chunk_both_ways() {
+    for (tag, force_generic) in [("j", false), ("k", true)] {
+        let Some(ns) = setup(tag) else { return };
+        let mut a = AfPacketBackend::open(&[ns.port(0)], AfPacketConfig::default()).unwrap();
+        let cfg = AfXdpConfig { force_generic, ..AfXdpConfig::default() };
+        let mut b = AfXdpBackend::open(&[ns.port(1)], cfg).unwrap();
+        assert!(b.max_frame_len() >= 9014, "max frame {}", b.max_frame_len());
+        let mut sent = 0;
+        for len in [4200, 9000, 4096 + 74, 3900] {
+            let got = exchange(&mut a, &mut b, &KINDS, 300, len);
+            check_filtered_in_order(&got, 300);
+            let got = exchange(&mut b, &mut a, &[Kind::Udp(4791)], 1000, len);
+            assert_eq!(got.len(), 1000, "{len}-byte frames from AF_XDP (generic: {force_generic})");
+            sent += 1000;
+        }
+        let c = b.port_counters(0);
+        assert_eq!((c.tx_packets, c.tx_dropped, c.rx_truncated), (sent, 0, 0), "{c:?}");
+        assert_eq!(c.rx_dropped, 0, "{c:?}");
+    }
 }
 
 #[test]
@@ -236,21 +217,21 @@ fn af_xdp_replaces_a_program_left_on_the_interface() {
     })
     .join()
     .unwrap();
-    assert!(ip_out(&["-n", &ns.names[1], "link", "show", "b0"]).contains("xdp"));
-    let mut a = AfPacketBackend::open(&[port(&ns, 0)], AfPacketConfig::default()).unwrap();
-    let mut b = AfXdpBackend::open(&[port(&ns, 1)], AfXdpConfig::default()).unwrap();
+    assert!(ns.link_show(1).contains("xdp"));
+    let mut a = AfPacketBackend::open(&[ns.port(0)], AfPacketConfig::default()).unwrap();
+    let mut b = AfXdpBackend::open(&[ns.port(1)], AfXdpConfig::default()).unwrap();
     let got = exchange(&mut a, &mut b, &[Kind::Udp(4791)], 100, 500);
     assert_eq!(got.len(), 100);
     drop(b);
-    assert!(!ip_out(&["-n", &ns.names[1], "link", "show", "b0"]).contains("xdp"));
+    assert!(!ns.link_show(1).contains("xdp"));
 }
 
 #[test]
 fn idle_pcap_and_af_xdp_waits_do_not_spin() {
     let Some(ns) = setup("w") else { return };
     let backends: Vec<Box<dyn Backend>> = vec![
-        Box::new(PcapBackend::open(&[port(&ns, 0)], PcapConfig::default()).unwrap()),
-        Box::new(AfXdpBackend::open(&[port(&ns, 1)], AfXdpConfig::default()).unwrap()),
+        Box::new(PcapBackend::open(&[ns.port(0)], PcapConfig::default()).unwrap()),
+        Box::new(AfXdpBackend::open(&[ns.port(1)], AfXdpConfig::default()).unwrap()),
     ];
     for mut be in backends {
         let t0 = Instant::now();

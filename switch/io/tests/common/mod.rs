@@ -1,0 +1,68 @@
+//! Shared by this crate's namespace tests: two network namespaces joined by a veth
+//! pair `a0` <-> `b0`, removed on drop. Each test binary uses a part of it.
+
+#![allow(dead_code)]
+
+use std::process::Command;
+
+use inc_switch_io::PortSpec;
+
+/// Two namespaces, `names[0]` holding `a0` and `names[1]` holding `b0`; deleted on drop.
+pub struct VethPair {
+    pub names: Vec<String>,
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+impl VethPair {
+    /// Create `{prefix}-{pid}-{tag}-a` and `-b` joined by `a0` <-> `b0`, both up, with
+    /// `mtu` if given; `None` (skip) without root or `ip netns` (fails when CI=true).
+    pub fn new(prefix: &str, tag: &str, mtu: Option<u32>) -> Option<VethPair> {
+        if !inc_test_support::netns_ready(&format!("{prefix}::{tag}")) {
+            return None;
+        }
+        let a = format!("{prefix}-{}-{tag}-a", std::process::id());
+        let b = format!("{prefix}-{}-{tag}-b", std::process::id());
+        let pair = VethPair { names: vec![a.clone(), b.clone()] };
+        assert!(ip(&["netns", "add", &a]) && ip(&["netns", "add", &b]));
+        assert!(ip(&[
+            "-n", &a, "link", "add", "a0", "type", "veth", "peer", "name", "b0", "netns", &b
+        ]));
+        for (ns, ifn) in [(&a, "a0"), (&b, "b0")] {
+            if let Some(mtu) = mtu {
+                assert!(ip(&["-n", ns, "link", "set", ifn, "mtu", &mtu.to_string()]));
+            }
+            assert!(ip(&["-n", ns, "link", "set", ifn, "up"]));
+        }
+        Some(pair)
+    }
+
+    /// Port spec of side `i` (0: `a0`, 1: `b0`).
+    pub fn port(&self, i: usize) -> PortSpec {
+        let ifn = if i == 0 { "a0" } else { "b0" };
+        format!("{}/{ifn}", self.names[i]).parse().unwrap()
+    }
+
+    /// `ip -n NS link show IFNAME` of side `i`.
+    pub fn link_show(&self, i: usize) -> String {
+        let ifn = if i == 0 { "a0" } else { "b0" };
+        ip_out(&["-n", &self.names[i], "link", "show", ifn])
+    }
+}
+
+/// Run `ip ARGS`; true on success.
+pub fn ip(args: &[&str]) -> bool {
+    Command::new("ip").args(args).status().map(|s| s.success()).unwrap_or(false)
+}
+
+/// Standard output of `ip ARGS`.
+pub fn ip_out(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
