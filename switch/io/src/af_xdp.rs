@@ -228,6 +228,13 @@ fn open_port(spec: &PortSpec, cfg: &AfXdpConfig) -> Result<(XskPort, PortDesc), 
     Ok((port, PortDesc { spec: spec.clone(), mac, mtu: Some(mtu) }))
 }
 
+/// Descriptors making up the next frame among `avail` published ones, where
+/// `contd(k)` says descriptor `k` has `XDP_PKT_CONTD` (more of the frame follows);
+/// `None` when the frame's last descriptor is not among them.
+fn frame_descs(avail: u32, contd: impl Fn(u32) -> bool) -> Option<u32> {
+    (0..avail).find(|&k| !contd(k)).map(|k| k + 1)
+}
+
 impl XskPort {
     /// Move sent chunks from the completion ring back to the free list.
     fn reclaim(&mut self, c: &mut PortCounters) {
@@ -312,16 +319,11 @@ impl XskPort {
         while i < avail && frames < budget {
             // Descriptors i..end make one frame. The kernel publishes a frame's
             // descriptors together; should the rest be missing, leave it for later.
-            let mut end = i;
-            let mut more = true;
-            while more && end < avail {
-                more = self.rx.read(self.rx.local.wrapping_add(end)).options & libc::XDP_PKT_CONTD
-                    != 0;
-                end += 1;
-            }
-            if more {
-                break;
-            }
+            let rx = &self.rx;
+            let more =
+                |k: u32| rx.read(rx.local.wrapping_add(i + k)).options & libc::XDP_PKT_CONTD != 0;
+            let Some(n) = frame_descs(avail - i, more) else { break };
+            let end = i + n;
             frames += 1;
             if end - i == 1 {
                 let d = self.rx.read(self.rx.local.wrapping_add(i));
@@ -391,9 +393,7 @@ impl XskPort {
     /// The bytes a receive descriptor points at, or `None` if it lies outside the UMEM.
     fn slice(&self, d: libc::xdp_desc) -> Option<&[u8]> {
         let (addr, len) = (d.addr as usize, d.len as usize);
-        if !addr.checked_add(len).is_some_and(|end| end <= self.umem.len) {
-            return None;
-        }
+        addr.checked_add(len).filter(|&end| end <= self.umem.len)?;
         // Safety: [addr, addr+len) lies inside the UMEM (checked) and belongs to us
         // until its chunk goes back on the fill ring, after the caller is done with it.
         Some(unsafe { std::slice::from_raw_parts(self.umem.base.add(addr), len) })
@@ -619,5 +619,19 @@ impl Backend for AfXdpBackend {
 
     fn port_detail(&self, port: usize) -> Option<String> {
         Some(format!("xdp={}", self.socks[port].mode.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::frame_descs;
+
+    #[test]
+    fn a_frame_ends_at_the_first_descriptor_without_contd() {
+        let flags = [true, true, false, false, true];
+        assert_eq!(frame_descs(5, |k| flags[k as usize]), Some(3));
+        assert_eq!(frame_descs(2, |k| flags[3 + k as usize]), Some(1));
+        assert_eq!(frame_descs(1, |k| flags[4 + k as usize]), None, "rest not published");
+        assert_eq!(frame_descs(0, |_| unreachable!()), None);
     }
 }
