@@ -42,7 +42,6 @@ pub fn build_binaries() -> Result<(), String> {
             if std::env::var_os("INC_BIN_DIR").is_some() {
                 return Ok(());
             }
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             // With libdpdk present the one switch binary also has the dpdk backend, and
             // with libibverbs the host programs also have the verbs transport (Soft-RoCE
             // guests, e2e_rxe), so no e2e test rebuilds them back and forth.
@@ -53,25 +52,32 @@ pub fn build_binaries() -> Result<(), String> {
             if pkg_config_exists("libibverbs") {
                 features.push("inccl/verbs");
             }
-            let out = Command::new(cargo)
-                .args(["build", "--quiet", "--profile", "test", "--bins"])
-                .args(["-p", "inc-switch", "-p", "inc-controller", "-p", "inccl-hosts"])
-                .args(["-p", "inc-pcap"])
-                .args(if features.is_empty() {
-                    vec![]
-                } else {
-                    vec!["--features".to_string(), features.join(",")]
-                })
-                .current_dir(repo_root())
-                .output()
-                .map_err(|e| format!("cannot run cargo: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("building binaries failed:\n{}", String::from_utf8_lossy(&out.stderr)))
+            let features = features.join(",");
+            let mut args = vec!["--bins", "-p", "inc-switch", "-p", "inc-controller"];
+            args.extend(["-p", "inccl-hosts", "-p", "inc-pcap"]);
+            if !features.is_empty() {
+                args.extend(["--features", &features]);
             }
+            cargo_build_test_profile(&args).map_err(|e| format!("building binaries failed:\n{e}"))
         })
         .clone()
+}
+
+/// `cargo build --quiet --profile test ARGS` in the workspace; the error is cargo's
+/// standard error.
+pub fn cargo_build_test_profile(args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--quiet", "--profile", "test"])
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// True if the system DPDK development files are installed (`pkg-config libdpdk`):

@@ -8,24 +8,15 @@ use std::process::Command;
 use std::time::Duration;
 
 use inc_tests::netns::{
-    assert_clean, bin_dir, repo_root, skip_reason, unique_prefix, TeardownGuard,
+    assert_clean, bin_dir, cargo_build_test_profile, repo_root, skip_reason, unique_prefix,
+    TeardownGuard,
 };
 
 fn build_bench() -> Result<(), String> {
     if std::env::var_os("INC_BIN_DIR").is_some() {
         return Ok(());
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["build", "--quiet", "--profile", "test", "-p", "inc-bench"])
-        .current_dir(repo_root())
-        .output()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
+    cargo_build_test_profile(&["-p", "inc-bench"])
 }
 
 /// Split one CSV line, honouring double quotes.
