@@ -17,6 +17,10 @@
 # INC_IFACE_WAIT  seconds to wait for interfaces to appear (default 30; containerlab
 #                 adds them after the container started)
 # INCCL_TRANSPORT verbs: hosts create the Soft-RoCE device rxe0 on $INCCL_IFACE
+# Credentials are files, never variables of the container: a switch presents
+# /run/secrets/inc-switch-token (exported to inc-switch as INC_CONTROLLER_TOKEN by this
+# script), a host /run/secrets/inc-host-token (read by inc-collective), the controller
+# reads /run/secrets/inc-controller-token itself (serve --token-file).
 set -euo pipefail
 
 ME="inc-entrypoint[${HOSTNAME:-?}]"
@@ -90,6 +94,12 @@ if [ "$ROLE" = switch ]; then
     [ "$(cat $f)" = 0 ] || die "net.ipv4.ip_forward is 1 in this container and cannot be changed"
 fi
 echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null || true
+
+if [ "$ROLE" = switch ] && [ -z "${INC_CONTROLLER_TOKEN:-}" ] && [ -e /run/secrets/inc-switch-token ]; then
+    INC_CONTROLLER_TOKEN="$(cat /run/secrets/inc-switch-token)" \
+        || die "cannot read the switch credential /run/secrets/inc-switch-token"
+    export INC_CONTROLLER_TOKEN
+fi
 
 if [ "$ROLE" = host ] && [ "${INCCL_TRANSPORT:-udp}" = verbs ]; then
     dev="${INCCL_IFACE:-eth0}"

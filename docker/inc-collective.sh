@@ -11,7 +11,8 @@
 #   INC_ROOT (0), INC_ITERS (1), INC_WARMUP (0)
 #
 # Every element of every iteration is checked by the program; the result line ends in
-# PASS or FAIL.
+# PASS or FAIL. Rank 0 presents the host credential from /run/secrets/inc-host-token
+# (mounted by the exported compose/containerlab file) unless INC_CONTROLLER_TOKEN is set.
 set -euo pipefail
 
 die() { echo "inc-collective: $*" >&2; exit 2; }
@@ -40,6 +41,12 @@ case "$collective" in allreduce|reduce|broadcast|barrier) ;; *) die "unknown col
 for v in INC_RANK INC_WORLD INC_MASTER; do
     [ -n "${!v:-}" ] || die "$v is not set (this container was not created from an exported compose or containerlab file)"
 done
+
+if [ -z "${INC_CONTROLLER_TOKEN:-}" ] && [ -e /run/secrets/inc-host-token ]; then
+    INC_CONTROLLER_TOKEN="$(cat /run/secrets/inc-host-token)" \
+        || die "cannot read the host credential /run/secrets/inc-host-token"
+    export INC_CONTROLLER_TOKEN
+fi
 
 exec "inccl-$collective" "$INC_WORLD" "$INC_MASTER" "$INC_RANK" "$count" \
     --dtype "$dtype" --op "$op" --root "$root" --iters "$iters" --warmup "$warmup"

@@ -215,6 +215,55 @@ impl Credentials {
     }
 }
 
+/// Credentials of a container deployment (`inc-controller export`), in one directory:
+/// the controller's token file and one file per role holding only that role's
+/// credential, so each container can be given exactly the secret its role needs.
+pub const DEPLOYMENT_FILES: DeploymentFiles =
+    DeploymentFiles { controller: "controller.token", switch: "switch.token", host: "host.token" };
+
+/// File names in a deployment's secrets directory (see [`DEPLOYMENT_FILES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeploymentFiles {
+    /// The controller's token file (both credentials, `serve --token-file`).
+    pub controller: &'static str,
+    /// The switch credential alone.
+    pub switch: &'static str,
+    /// The host credential alone.
+    pub host: &'static str,
+}
+
+/// Create the credentials of a deployment in `dir` (created mode 0700): the
+/// controller's token file is kept if it exists (so a running deployment's containers
+/// stay valid) and created with fresh credentials otherwise; the per-role files are
+/// written from it, mode 0600.
+pub fn write_deployment_files(dir: &Path) -> Result<Credentials, CredentialsError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CredentialsError::Io { path, source }
+    };
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io_err(dir))?;
+    let (creds, _) = Credentials::load_or_create(&dir.join(DEPLOYMENT_FILES.controller))?;
+    for (name, role) in
+        [(DEPLOYMENT_FILES.switch, Role::Switch), (DEPLOYMENT_FILES.host, Role::Host)]
+    {
+        let path = dir.join(name);
+        // Removed and created anew: a planted file or symlink is never written through.
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&path)(e)),
+            _ => {}
+        }
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        writeln!(f, "{}", creds.token(role)).map_err(io_err(&path))?;
+    }
+    Ok(creds)
+}
+
 type TokenDigest = [u8; 32];
 
 fn digest(token: &str) -> TokenDigest {
@@ -293,6 +342,24 @@ mod tests {
         assert_eq!(a.role_of(None), None);
         assert_eq!(Auth::Insecure.role_of(Some("x")), None);
         assert!(!format!("{c:?}{a:?}").contains("secret"), "secrets stay out of logs");
+    }
+
+    #[test]
+    fn deployment_files_hold_one_credential_each() {
+        let dir = std::env::temp_dir().join(format!("inc-auth-deploy-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let creds = write_deployment_files(&dir).unwrap();
+        let read = |n: &str| fs::read_to_string(dir.join(n)).unwrap();
+        assert_eq!(read(DEPLOYMENT_FILES.switch).trim(), creds.token(Role::Switch));
+        assert_eq!(read(DEPLOYMENT_FILES.host).trim(), creds.token(Role::Host));
+        for n in [DEPLOYMENT_FILES.controller, DEPLOYMENT_FILES.switch, DEPLOYMENT_FILES.host] {
+            let mode = fs::metadata(dir.join(n)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{n}");
+        }
+        assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        // A second export keeps the controller's credentials.
+        assert_eq!(write_deployment_files(&dir).unwrap(), creds);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::io::Write as _;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -156,6 +156,12 @@ struct ExportArgs {
     /// Host transport: udp (userspace RoCEv2) or verbs (Soft-RoCE rxe0 on the data link).
     #[arg(long, default_value = "udp")]
     transport: inc_controller::export::HostTransport,
+    /// Directory of the deployment's credentials, created (mode 0700) with a token file
+    /// for the controller and one credential file per role (mode 0600), kept if there;
+    /// each container gets only its role's file. Default: `secrets` next to --output
+    /// (or in the current directory).
+    #[arg(long)]
+    secrets_dir: Option<PathBuf>,
 }
 
 fn export(target: ExportTarget) -> Result<()> {
@@ -170,11 +176,22 @@ fn export(target: ExportTarget) -> Result<()> {
             .display()
             .to_string(),
     };
+    let secrets_dir = match (&a.secrets_dir, &a.output) {
+        (Some(d), _) => d.clone(),
+        (None, Some(out)) => out.parent().unwrap_or(Path::new("")).join("secrets"),
+        (None, None) => PathBuf::from("secrets"),
+    };
+    inc_controller::auth::write_deployment_files(&secrets_dir)?;
+    let secrets_dir = std::fs::canonicalize(&secrets_dir)
+        .with_context(|| format!("resolving {}", secrets_dir.display()))?
+        .display()
+        .to_string();
     let opts = ExportOptions {
         images: Images::tagged(&a.image_prefix, &a.image_tag),
         topology_path,
         backend: a.backend.clone(),
         transport: a.transport,
+        secrets_dir,
     };
     let text = match &target {
         ExportTarget::Compose { carrier, .. } => {

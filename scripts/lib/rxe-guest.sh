@@ -1,11 +1,14 @@
 # shellcheck shell=bash
 # Soft-RoCE guest images for scripts/rxe-hosts: Debian's kernel (rdma_rxe is a module
 # there) unpacked into a cache, not installed; a busybox initramfs with the modules and
-# rdma-core; a per-run archive with the host programs, appended to it.
+# rdma-core; a per-run archive with the host programs, appended to it. Both are
+# uncompressed: under TCG, the guest kernel's gunzip costs more boot time than QEMU's
+# loading of the larger file.
 #
 #   rxe_kernel CACHE            -> prints the kernel version; vmlinuz in CACHE/kern/boot
-#   rxe_base_initramfs CACHE KV -> CACHE/base-KV.cpio.gz (built once)
-#   rxe_run_archive DIR OUT BIN... -> OUT: /inc/<bins>, /inc/run (DIR/run) and their libraries
+#   rxe_base_initramfs CACHE KV -> CACHE/base-KV.cpio (built once)
+#   rxe_run_archive DIR OUT BIN... -> OUT: /inc/<bins>, /inc/run (DIR/run), /inc/host.token
+#                                     (DIR/host.token, if there) and their libraries
 
 rxe_log() { echo "[rxe] $*" >&2; }
 
@@ -40,7 +43,7 @@ _rxe_copy_with_libs() {
 
 rxe_base_initramfs() {
     local cache="$1" kv="$2" out r m f a
-    out="$cache/base-$kv.cpio.gz"
+    out="$cache/base-$kv.cpio"
     [ -s "$out" ] && { echo "$out"; return 0; }
     r="$(mktemp -d "$cache/root.XXXX")"
     mkdir -p "$r"/{bin,sbin,etc,proc,sys,dev,tmp,run,root,usr/bin,usr/sbin,lib64,lib/modules}
@@ -67,7 +70,7 @@ rxe_base_initramfs() {
     echo 'root:x:0:' >"$r/etc/group"
     printf '127.0.0.1 localhost\n' >"$r/etc/hosts"
     install -m 755 "$(dirname "${BASH_SOURCE[0]}")/rxe-init" "$r/init"
-    (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 >"$out.tmp" && mv "$out.tmp" "$out"
+    (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) >"$out.tmp" && mv "$out.tmp" "$out"
     rm -rf "$r"
     echo "$out"
 }
@@ -78,10 +81,12 @@ rxe_run_archive() {
     mkdir -p "$r/inc"
     for b in "$@"; do
         cp -L "$b" "$r/inc/" && _rxe_copy_libs "$r" "$b"
-        # debug info would make the archive (and the guest's unpacking) many times larger
-        strip --strip-debug "$r/inc/$(basename "$b")"
+        # debug info and symbols would make the archive (and the guest's unpacking)
+        # many times larger
+        strip "$r/inc/$(basename "$b")"
     done
     install -m 755 "$dir/run" "$r/inc/run"
-    (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 >"$out"
+    [ ! -e "$dir/host.token" ] || install -m 600 "$dir/host.token" "$r/inc/host.token"
+    (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) >"$out"
     rm -rf "$r"
 }

@@ -6,4 +6,5 @@ pub mod deploy;
 pub mod engine_input;
 pub mod inject;
 pub mod netns;
+pub mod process;
 pub mod sim;

@@ -5,12 +5,10 @@
 //! and checks nothing is left behind. Tests skip, with a message, when not root or when
 //! `ip netns` or the release binaries are unavailable.
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Binaries the end-to-end tests need in the binary directory.
 pub const BINARIES: [&str; 2] = ["inc-switch", "inc-controller"];
@@ -44,32 +42,52 @@ pub fn build_binaries() -> Result<(), String> {
             if std::env::var_os("INC_BIN_DIR").is_some() {
                 return Ok(());
             }
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            // With libdpdk present the one switch binary also has the dpdk backend, so
-            // the dpdk and the other e2e tests never rebuild it back and forth.
-            let features: &[&str] =
-                if dpdk_available() { &["--features", "inc-switch/dpdk"] } else { &[] };
-            let out = Command::new(cargo)
-                .args(["build", "--quiet", "--profile", "test", "--bins"])
-                .args(["-p", "inc-switch", "-p", "inc-controller"])
-                .args(["-p", "inccl-hosts", "-p", "inc-bench"])
-                .args(features)
-                .current_dir(repo_root())
-                .output()
-                .map_err(|e| format!("cannot run cargo: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("building binaries failed:\n{}", String::from_utf8_lossy(&out.stderr)))
+            // With libdpdk present the one switch binary also has the dpdk backend, and
+            // with libibverbs the host programs also have the verbs transport (Soft-RoCE
+            // guests, e2e_rxe), so no e2e test rebuilds them back and forth.
+            let mut features = Vec::new();
+            if dpdk_available() {
+                features.push("inc-switch/dpdk");
             }
+            if pkg_config_exists("libibverbs") {
+                features.push("inccl/verbs");
+            }
+            let features = features.join(",");
+            let mut args = vec!["--bins", "-p", "inc-switch", "-p", "inc-controller"];
+            args.extend(["-p", "inccl-hosts", "-p", "inc-pcap", "-p", "inc-bench"]);
+            if !features.is_empty() {
+                args.extend(["--features", &features]);
+            }
+            cargo_build_test_profile(&args).map_err(|e| format!("building binaries failed:\n{e}"))
         })
         .clone()
+}
+
+/// `cargo build --quiet --profile test ARGS` in the workspace; the error is cargo's
+/// standard error.
+pub fn cargo_build_test_profile(args: &[&str]) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--quiet", "--profile", "test"])
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// True if the system DPDK development files are installed (`pkg-config libdpdk`):
 /// then [`build_binaries`] builds the switch with its `dpdk` backend.
 pub fn dpdk_available() -> bool {
-    Command::new("pkg-config").args(["--exists", "libdpdk"]).status().is_ok_and(|s| s.success())
+    pkg_config_exists("libdpdk")
+}
+
+fn pkg_config_exists(lib: &str) -> bool {
+    Command::new("pkg-config").args(["--exists", lib]).status().is_ok_and(|s| s.success())
 }
 
 /// Why end-to-end tests cannot run here, if they cannot. Builds the binaries first
@@ -147,30 +165,7 @@ impl Drop for TeardownGuard {
 }
 
 /// Outcome of one `scripts/demo` run.
-#[derive(Debug)]
-pub struct DemoOutcome {
-    /// Exit status (`None` if it had to be killed at the deadline).
-    pub status: Option<ExitStatus>,
-    /// Standard output.
-    pub stdout: String,
-    /// Standard error.
-    pub stderr: String,
-}
-
-impl DemoOutcome {
-    /// True if the demo exited 0.
-    pub fn success(&self) -> bool {
-        self.status.is_some_and(|s| s.success())
-    }
-
-    /// Everything printed, for assertion messages.
-    pub fn transcript(&self) -> String {
-        format!(
-            "status: {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.status, self.stdout, self.stderr
-        )
-    }
-}
+pub type DemoOutcome = crate::process::RunOutcome;
 
 /// Run `scripts/demo --no-build --prefix P ARGS...`: up to `run_time` waiting for the
 /// lock plus `run_time` running; past that the whole process group gets SIGTERM (the
@@ -181,62 +176,16 @@ pub fn run_demo(prefix: &str, args: &[&str], run_time: Duration) -> DemoOutcome 
     let _guard = TeardownGuard::new(prefix);
     let root = repo_root();
     let lock = std::env::temp_dir().join("inc-e2e.lock");
-    let wait = run_time.as_secs().to_string();
-    let deadline = run_time * 2;
-    let mut child = Command::new("flock")
-        .arg("-w")
-        .arg(&wait)
+    let mut cmd = Command::new("flock");
+    cmd.arg("-w")
+        .arg(run_time.as_secs().to_string())
         .arg(&lock)
         .arg(root.join("scripts/demo"))
         .args(["--no-build", "--prefix", prefix])
         .args(args)
         .env("INC_BIN_DIR", bin_dir())
-        .current_dir(&root)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("cannot start scripts/demo");
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let pgid = child.id().to_string();
-    let mut status = None;
-    let mut termed = false;
-    loop {
-        if let Ok(Some(s)) = child.try_wait() {
-            if !termed {
-                status = Some(s);
-            }
-            break;
-        }
-        let elapsed = start.elapsed();
-        if elapsed > deadline && !termed {
-            let _ = Command::new("kill").args(["-TERM", "--", &format!("-{pgid}")]).status();
-            termed = true;
-        }
-        if elapsed > deadline + Duration::from_secs(20) {
-            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]).status();
-            let _ = child.wait();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    DemoOutcome {
-        status,
-        stdout: out_t.join().unwrap_or_default(),
-        stderr: err_t.join().unwrap_or_default(),
-    }
+        .current_dir(&root);
+    crate::process::run_bounded(cmd, run_time * 2, Duration::from_secs(20))
 }
 
 /// Processes whose command line mentions `prefix` (switches, controller, hosts of a run).

@@ -3,18 +3,19 @@
 //! AllReduce (int32 sum, float32 max), Reduce, Broadcast and Barrier on the four host
 //! containers, stops a leaf switch's container in the middle of a long AllReduce
 //! (every rank must fail with an error within a bound), starts it again and runs a new
-//! communicator. Afterwards no container or network of the run may remain.
+//! communicator. Authentication is on: every container has only its role's credential
+//! file, and a client without one is refused. Afterwards no container or network of
+//! the run may remain.
 //!
 //! Skipped (logged by inc-test-support) without root or a running Docker engine with
 //! Compose; in CI (`CI=true`) that is a failure instead.
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use inc_test_support::{command_works, is_root, skip};
 use inc_tests::netns::{bin_dir, build_binaries, repo_root};
+use inc_tests::process::run_bounded;
 
 /// Bound of the whole run: a cold image build (Debian packages) plus the deployment.
 const DEADLINE: Duration = Duration::from_secs(900);
@@ -59,53 +60,24 @@ fn compose_1_2_4_every_collective_and_a_stopped_switch() {
         panic!("{e}");
     }
     let project = format!("inct{}", std::process::id());
-    let mut child = Command::new(repo_root().join("scripts/compose-demo"))
-        .args(["--no-build", "--stop-test", "--project", &project])
+    let mut cmd = Command::new(repo_root().join("scripts/compose-demo"));
+    cmd.args(["--no-build", "--stop-test", "--project", &project])
         .env("INC_BIN_DIR", bin_dir())
-        .current_dir(repo_root())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("cannot start scripts/compose-demo");
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let mut killed = false;
-    while child.try_wait().expect("wait for compose-demo").is_none() {
-        if start.elapsed() > DEADLINE {
-            // SIGTERM: the script's trap removes the containers and networks.
-            let pgid = format!("-{}", child.id());
-            let _ = Command::new("kill").args(["-TERM", "--", &pgid]).status();
-            std::thread::sleep(Duration::from_secs(30));
-            let _ = Command::new("kill").args(["-KILL", "--", &pgid]).status();
-            killed = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let status = child.wait().expect("wait for compose-demo");
-    let status = (!killed).then_some(status);
-    let (stdout, stderr) = (out_t.join().unwrap_or_default(), err_t.join().unwrap_or_default());
-    let transcript = format!("status {status:?}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+        .current_dir(repo_root());
+    // Past the deadline SIGTERM: the script's trap removes the containers and networks.
+    let run = run_bounded(cmd, DEADLINE, Duration::from_secs(30));
+    let (stdout, transcript) = (&run.stdout, run.transcript());
     eprintln!("{transcript}");
-    assert!(status.is_some_and(|s| s.success()), "compose-demo failed\n{transcript}");
+    assert!(run.success(), "compose-demo failed\n{transcript}");
     // 5 collectives before and 1 after the restart, 4 ranks each.
     let passes =
         stdout.lines().filter(|l| l.trim_end().ends_with("PASS") && l.contains(" h")).count();
     assert_eq!(passes, 24, "expected 24 PASS lines\n{transcript}");
     assert!(!stdout.contains("FAIL"), "a rank failed\n{transcript}");
     assert!(stdout.contains("STOP TEST PASS"), "{transcript}");
+    // The controller refused a client without a credential; no credential in any
+    // container's configuration.
+    assert!(stdout.contains("AUTH CHECK PASS"), "{transcript}");
     // Every rank reported the stall as an error naming what it waited for.
     let stopped: Vec<&str> = stdout.lines().filter(|l| l.starts_with("stop test h")).collect();
     assert_eq!(stopped.len(), 4, "{transcript}");

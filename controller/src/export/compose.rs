@@ -14,9 +14,9 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 use super::{
-    command, data_links, flow_list, header, host_env, iface_entry, mgmt_ip, q, role_name, roles,
-    switch_capabilities, ExportError, ExportOptions, HostTransport, Role, MGMT_IF,
-    TOPOLOGY_IN_CONTAINER,
+    command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip, q, role_name,
+    roles, secret, secrets, switch_capabilities, ExportError, ExportOptions, HostTransport, Role,
+    MGMT_IF, SECRETS_IN_CONTAINER, TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -41,7 +41,6 @@ pub const HOST_PASSTHROUGH: &[&str] = &[
     "INCCL_TIMEOUT_MS",
     "INCCL_MTU",
     "INCCL_WINDOW",
-    "INC_CONTROLLER_TOKEN",
     "INCCL_LOG",
 ];
 
@@ -124,19 +123,15 @@ pub fn render(
             Some(format!("{}/{mgmt_prefix}", mgmt_ip(t, role))),
         )];
         let mut nets = vec![("mgmt".to_string(), carrier.mgmt.3[idx])];
-        for (k, l) in links.iter().enumerate() {
-            for (e, end) in l.ends.iter().enumerate() {
-                if end.role == role {
-                    let ip = add(carrier.links[k], 2 + e as u32);
-                    ifaces.push(iface_entry(
-                        &ip.to_string(),
-                        &end.ifname,
-                        Some(end.mac.clone()),
-                        end.addr.clone(),
-                    ));
-                    nets.push((l.name.clone(), ip));
-                }
-            }
+        for (k, e, end) in ends_of(&links, role) {
+            let ip = add(carrier.links[k], 2 + e as u32);
+            ifaces.push(iface_entry(
+                &ip.to_string(),
+                &end.ifname,
+                Some(end.mac.clone()),
+                end.addr.clone(),
+            ));
+            nets.push((links[k].name.clone(), ip));
         }
         let (image, what) = match role {
             Role::Controller => (&opts.images.controller, "controller".to_string()),
@@ -154,15 +149,11 @@ pub fn render(
         let _ = writeln!(o, "    environment:");
         let _ = writeln!(o, "      - {}", q(&format!("INC_IFACES={}", ifaces.join(" "))));
         let mut passthrough: Vec<&str> = vec!["RUST_LOG"];
-        match role {
-            Role::Controller => passthrough.push("INC_CONTROLLER_TOKEN"),
-            Role::Switch(_) => passthrough.push("INC_CONTROLLER_TOKEN"),
-            Role::Host(i) => {
-                for e in host_env(t, i, HOST_DATA_IF, opts.transport) {
-                    let _ = writeln!(o, "      - {}", q(&e));
-                }
-                passthrough.extend_from_slice(HOST_PASSTHROUGH);
+        if let Role::Host(i) = role {
+            for e in host_env(t, i, HOST_DATA_IF, opts.transport) {
+                let _ = writeln!(o, "      - {}", q(&e));
             }
+            passthrough.extend_from_slice(HOST_PASSTHROUGH);
         }
         for v in passthrough {
             let _ = writeln!(o, "      - {}", q(v));
@@ -174,6 +165,8 @@ pub fn render(
             _ => {}
         }
         let _ = writeln!(o, "    cap_add: {}", flow_list(&cap_add));
+        // Its role's credential only, as a file (not in `docker inspect`'s environment).
+        let _ = writeln!(o, "    secrets: {}", flow_list(&[secret(role).name]));
         let _ = writeln!(o, "    sysctls:");
         let _ = writeln!(o, "      net.ipv6.conf.all.disable_ipv6: \"1\"");
         let _ = writeln!(o, "      net.ipv6.conf.default.disable_ipv6: \"1\"");
@@ -225,6 +218,14 @@ pub fn render(
         }
     }
 
+    let _ = writeln!(o, "secrets:");
+    let _ =
+        writeln!(o, "  # made by the export (mode 0600); compose bind-mounts each read-only at");
+    let _ = writeln!(o, "  # {SECRETS_IN_CONTAINER}/NAME in the containers that list it");
+    for s in secrets() {
+        let _ = writeln!(o, "  {}:", s.name);
+        let _ = writeln!(o, "    file: {}", q(&s.on_host(opts)));
+    }
     let _ = writeln!(o, "networks:");
     let (mbase, mprefix, mgw, _) = &carrier.mgmt;
     let m = t.mgmt_subnet();
@@ -262,18 +263,8 @@ fn write_network(o: &mut String, name: &str, sub: (Ipv4Addr, u8), gw: Ipv4Addr, 
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{golden, topology};
-    use super::super::Images;
+    use super::super::testutil::{golden, opts, topology};
     use super::*;
-
-    fn opts() -> ExportOptions {
-        ExportOptions {
-            images: Images::tagged("inc-emu", "latest"),
-            topology_path: "/srv/inc/1-2-4.yaml".into(),
-            backend: "af_packet".into(),
-            transport: HostTransport::Udp,
-        }
-    }
 
     #[test]
     fn golden_1_2_4() {
@@ -350,6 +341,21 @@ mod tests {
         assert!(h0.contains(&"INC_RANK=0".to_string()));
         let caps = svc("root").get_sequence("cap_add").unwrap();
         assert_eq!(caps.len(), 2);
+        // Each container has its role's credential file only; none is in an environment.
+        let secrets_of = |n: &str| -> Vec<String> {
+            let s = svc(n).get_sequence("secrets").unwrap();
+            s.iter().map(|v| v.as_scalar().unwrap().as_str().to_string()).collect()
+        };
+        assert_eq!(secrets_of("ctrl"), ["inc-controller-token"]);
+        assert_eq!(secrets_of("leaf2"), ["inc-switch-token"]);
+        assert_eq!(secrets_of("h3"), ["inc-host-token"]);
+        let files = root.get_mapping("secrets").unwrap();
+        let file = |n: &str| {
+            files.get_mapping(n).unwrap().get_scalar("file").unwrap().as_str().to_string()
+        };
+        assert_eq!(file("inc-switch-token"), "/srv/inc/secrets/switch.token");
+        assert_eq!(files.len(), 3);
+        assert!(!y.contains("INC_CONTROLLER_TOKEN") && !y.contains("--insecure"));
     }
 
     #[test]

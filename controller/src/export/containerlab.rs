@@ -13,8 +13,8 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 use super::{
-    command, data_links, flow_list, header, host_env, iface_entry, mgmt_ip, q, role_name, roles,
-    switch_capabilities, ExportError, ExportOptions, Role, TOPOLOGY_IN_CONTAINER,
+    command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip, q, role_name,
+    roles, secret, switch_capabilities, ExportError, ExportOptions, Role, TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -45,17 +45,9 @@ pub fn render(t: &Topology, opts: &ExportOptions) -> Result<String, ExportError>
     let _ = writeln!(o, "  nodes:");
     for &role in &all {
         let name = role_name(t, role);
-        let mut ifaces = Vec::new();
-        for l in &links {
-            for end in l.ends.iter().filter(|e| e.role == role) {
-                ifaces.push(iface_entry(
-                    &end.ifname,
-                    &end.ifname,
-                    Some(end.mac.clone()),
-                    end.addr.clone(),
-                ));
-            }
-        }
+        let ifaces: Vec<String> = ends_of(&links, role)
+            .map(|(_, _, e)| iface_entry(&e.ifname, &e.ifname, Some(e.mac.clone()), e.addr.clone()))
+            .collect();
         let image = match role {
             Role::Controller => &opts.images.controller,
             Role::Switch(_) => &opts.images.switch,
@@ -65,10 +57,13 @@ pub fn render(t: &Topology, opts: &ExportOptions) -> Result<String, ExportError>
         let _ = writeln!(o, "      kind: linux");
         let _ = writeln!(o, "      image: {}", q(image));
         let _ = writeln!(o, "      mgmt-ipv4: {}", q(&mgmt_ip(t, role).to_string()));
+        // Its role's credential only, as a read-only file (the export made it mode 0600).
+        let s = secret(role);
+        let mut binds = vec![format!("{}:{}:ro", s.on_host(opts), s.in_container())];
         if !matches!(role, Role::Host(_)) {
-            let bind = format!("{}:{TOPOLOGY_IN_CONTAINER}:ro", opts.topology_path);
-            let _ = writeln!(o, "      binds: {}", flow_list(&[bind]));
+            binds.push(format!("{}:{TOPOLOGY_IN_CONTAINER}:ro", opts.topology_path));
         }
+        let _ = writeln!(o, "      binds: {}", flow_list(&binds));
         let _ = writeln!(o, "      env:");
         let _ = writeln!(o, "        INC_IFACES: {}", q(&ifaces.join(" ")));
         let _ = writeln!(o, "        INC_LINK_MTU: {}", q(&t.defaults.link_mtu.to_string()));
@@ -108,18 +103,8 @@ fn mgmt_gateway(t: &Topology, all: &[Role]) -> Ipv4Addr {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testutil::{golden, topology};
-    use super::super::{HostTransport, Images};
+    use super::super::testutil::{golden, opts, topology};
     use super::*;
-
-    fn opts() -> ExportOptions {
-        ExportOptions {
-            images: Images::tagged("inc-emu", "latest"),
-            topology_path: "/srv/inc/1-2-4.yaml".into(),
-            backend: "af_packet".into(),
-            transport: HostTransport::Udp,
-        }
-    }
 
     #[test]
     fn golden_1_2_4() {

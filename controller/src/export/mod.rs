@@ -28,6 +28,10 @@ pub const TOPOLOGY_IN_CONTAINER: &str = "/etc/inc/topology.yaml";
 pub const SWITCH_STATS_ADDR: &str = "127.0.0.1:7100";
 /// Name of the management interface in compose containers.
 pub const MGMT_IF: &str = "mgmt0";
+/// Directory where a container finds its credential: the controller its token file,
+/// a switch the switch credential, a host the host credential (file names:
+/// [`Secret::name`]). Compose mounts them as secrets, containerlab as read-only binds.
+pub const SECRETS_IN_CONTAINER: &str = "/run/secrets";
 /// Default image repository prefix: images are `PREFIX/controller`, `PREFIX/switch`,
 /// `PREFIX/host` (built by `docker/build-images`).
 pub const DEFAULT_IMAGE_PREFIX: &str = "inc-emu";
@@ -67,6 +71,46 @@ pub struct ExportOptions {
     pub backend: String,
     /// Host transport.
     pub transport: HostTransport,
+    /// Directory on the machine that runs the containers holding the deployment's
+    /// credentials ([`crate::auth::write_deployment_files`]).
+    pub secrets_dir: String,
+}
+
+/// The one credential file a container gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Secret {
+    /// Name of the secret, and of the file in [`SECRETS_IN_CONTAINER`].
+    pub name: &'static str,
+    /// File in [`ExportOptions::secrets_dir`].
+    pub file: &'static str,
+}
+
+impl Secret {
+    /// Path inside the container.
+    pub fn in_container(&self) -> String {
+        format!("{SECRETS_IN_CONTAINER}/{}", self.name)
+    }
+
+    /// Path on the machine that runs the containers.
+    pub fn on_host(&self, opts: &ExportOptions) -> String {
+        format!("{}/{}", opts.secrets_dir.trim_end_matches('/'), self.file)
+    }
+}
+
+/// The credential of a role: the controller's token file (both credentials), the
+/// switch credential alone, the host credential alone.
+pub fn secret(r: Role) -> Secret {
+    use crate::auth::DEPLOYMENT_FILES as F;
+    match r {
+        Role::Controller => Secret { name: "inc-controller-token", file: F.controller },
+        Role::Switch(_) => Secret { name: "inc-switch-token", file: F.switch },
+        Role::Host(_) => Secret { name: "inc-host-token", file: F.host },
+    }
+}
+
+/// Every secret of a deployment, once, in role order.
+pub fn secrets() -> [Secret; 3] {
+    [secret(Role::Controller), secret(Role::Switch(0)), secret(Role::Host(0))]
 }
 
 /// Image references by role.
@@ -251,14 +295,23 @@ pub fn data_links(t: &Topology, host_if: &str) -> Vec<DataLink> {
     out
 }
 
+/// The ends of data links that are `role`'s interfaces, in link order, with the
+/// index of their link and which end of it they are.
+pub fn ends_of(links: &[DataLink], role: Role) -> impl Iterator<Item = (usize, usize, &LinkEnd)> {
+    links.iter().enumerate().flat_map(move |(k, l)| {
+        l.ends.iter().enumerate().filter(move |(_, e)| e.role == role).map(move |(i, e)| (k, i, e))
+    })
+}
+
 /// Command line of a controller or switch container (hosts run `inc-collective`).
 pub fn command(t: &Topology, r: Role, opts: &ExportOptions) -> Vec<String> {
     let ctrl = t.controller.to_string();
+    let token_file;
     let v: Vec<&str> = match r {
         Role::Controller => {
-            // Not yet: credentials for containers (token file mounted into the controller,
-            // per-role tokens for switches and hosts); the controller is reachable only
-            // from the lab's management network.
+            // Switches and hosts read their credential from their secret file
+            // (inc-entrypoint, inc-collective), never from the container's environment.
+            token_file = secret(r).in_container();
             vec![
                 "inc-controller",
                 "serve",
@@ -266,7 +319,8 @@ pub fn command(t: &Topology, r: Role, opts: &ExportOptions) -> Vec<String> {
                 TOPOLOGY_IN_CONTAINER,
                 "--listen",
                 &ctrl,
-                "--insecure",
+                "--token-file",
+                &token_file,
             ]
         }
         Role::Switch(i) => vec![
@@ -334,6 +388,19 @@ pub(crate) fn flow_list<S: AsRef<str>>(items: &[S]) -> String {
 pub(crate) mod testutil {
     use crate::topology::Topology;
 
+    use super::{ExportOptions, HostTransport, Images};
+
+    /// The options the golden files are made with.
+    pub fn opts() -> ExportOptions {
+        ExportOptions {
+            images: Images::tagged("inc-emu", "latest"),
+            topology_path: "/srv/inc/1-2-4.yaml".into(),
+            backend: "af_packet".into(),
+            transport: HostTransport::Udp,
+            secrets_dir: "/srv/inc/secrets".into(),
+        }
+    }
+
     /// A topology from `topologies/`.
     pub fn topology(name: &str) -> Topology {
         let path = format!("{}/../topologies/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
@@ -382,6 +449,10 @@ mod tests {
         assert_eq!(links[2].ends[1].addr.as_deref(), Some("10.1.1.21/24"));
         assert_eq!(links[2].ends[1].mac, "02:00:0a:01:01:15");
         assert_eq!(links[2].ends[0].addr, None);
+        // leaf1: its uplink (second end of root-d1), then its two host links (first ends).
+        let leaf1: Vec<(usize, usize, &str)> =
+            ends_of(&links, Role::Switch(1)).map(|(k, i, e)| (k, i, e.ifname.as_str())).collect();
+        assert_eq!(leaf1, [(0, 1, "up"), (2, 0, "h0"), (3, 0, "h1")]);
         // Every link name is unique: it names a Docker network.
         let mut names: Vec<&str> = links.iter().map(|l| l.name.as_str()).collect();
         names.sort_unstable();
