@@ -33,10 +33,12 @@ pub fn skip(test: &str, reason: &str) {
     }
 }
 
-/// True when the process runs as root (uid 0).
+/// True when the process has root's privileges (effective uid 0, as under sudo or a
+/// setuid wrapper; the real uid may differ).
 pub fn is_root() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    // "Uid:" real effective saved filesystem
+    status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
 }
 
 /// True when `program args...` runs and exits 0 (output discarded).
