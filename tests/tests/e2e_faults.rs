@@ -187,7 +187,8 @@ fn loss_on_one_yaml_link_drops_on_that_link_only() {
     for (ci, (program, extra)) in
         [("inccl-allreduce", &[][..]), ("inccl-broadcast", &["--root", "3"][..])].iter().enumerate()
     {
-        let out = d.start_hosts(ci as u16, program, COUNT_16M, extra, &[]).wait(Duration::from_secs(180));
+        let out =
+            d.start_hosts(ci as u16, program, COUNT_16M, extra, &[]).wait(Duration::from_secs(180));
         assert_all_pass(&d, &format!("{program} with loss on root -- leaf1"), &out);
     }
     let ports = emu_ports(&d);
