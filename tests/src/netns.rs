@@ -34,7 +34,7 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
-/// Build the switch, controller and host programs once per test process (unless
+/// Build the switch, controller, host and bench programs once per test process (unless
 /// `$INC_BIN_DIR` points at prebuilt ones). The `test` profile (optimised, with debug
 /// assertions) reuses what `cargo test`/`nextest` already compiled, so this mostly links.
 pub fn build_binaries() -> Result<(), String> {
@@ -51,7 +51,8 @@ pub fn build_binaries() -> Result<(), String> {
                 if dpdk_available() { &["--features", "inc-switch/dpdk"] } else { &[] };
             let out = Command::new(cargo)
                 .args(["build", "--quiet", "--profile", "test", "--bins"])
-                .args(["-p", "inc-switch", "-p", "inc-controller", "-p", "inccl-hosts"])
+                .args(["-p", "inc-switch", "-p", "inc-controller"])
+                .args(["-p", "inccl-hosts", "-p", "inc-bench"])
                 .args(features)
                 .current_dir(repo_root())
                 .output()

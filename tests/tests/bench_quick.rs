@@ -11,23 +11,6 @@ use inc_tests::netns::{
     assert_clean, bin_dir, repo_root, skip_reason, unique_prefix, TeardownGuard,
 };
 
-fn build_bench() -> Result<(), String> {
-    if std::env::var_os("INC_BIN_DIR").is_some() {
-        return Ok(());
-    }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args(["build", "--quiet", "--profile", "test", "-p", "inc-bench"])
-        .current_dir(repo_root())
-        .output()
-        .map_err(|e| format!("cannot run cargo: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
 /// Split one CSV line, honouring double quotes.
 fn csv_fields(line: &str) -> Vec<String> {
     let (mut fields, mut cur, mut quoted) = (Vec::new(), String::new(), false);
@@ -67,11 +50,10 @@ fn quick_bench_writes_every_output() {
             return;
         }
     }
-    if let Some(why) = skip_reason(&["inccl-allreduce", "inccl-barrier"]) {
+    if let Some(why) = skip_reason(&["inccl-allreduce", "inccl-barrier", "inc-bench"]) {
         inc_test_support::skip("bench_quick", &why);
         return;
     }
-    build_bench().expect("building inc-bench");
     let prefix = unique_prefix("bq");
     let _guard = TeardownGuard::new(&prefix);
     let out = std::env::temp_dir().join(format!("inc-bench-quick-{prefix}"));
