@@ -9,6 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use inc_controller::auth::TOKEN_ENV;
+use inc_controller::{Credentials, Role};
 use serde_json::Value;
 
 use crate::cli::Coll;
@@ -58,6 +60,9 @@ pub struct Fabric {
     /// The switch process (every logical switch of the topology in one process).
     pub switch: Proc,
     _controller: Proc,
+    /// The controller's credentials: the switch presents the switch token, the host
+    /// programs the host token (as in `scripts/demo`).
+    creds: Credentials,
     ctrl_ns: String,
     bins: PathBuf,
 }
@@ -73,14 +78,18 @@ impl Fabric {
         switch_args: &str,
         logs: &Path,
     ) -> anyhow::Result<Fabric> {
+        // Fresh credentials per run (mode 0600), written before `serve` reads them.
+        let token_file = logs.join(format!("controller-{backend}.token"));
+        let _ = std::fs::remove_file(&token_file);
+        let (creds, _) = Credentials::load_or_create(&token_file)?;
         let controller = Proc::spawn(
             "inc-controller",
             in_ns(&plan.ctrl_ns, bins.join("inc-controller"))
                 .args(["serve", "--topology"])
                 .arg(topology)
                 .args(["--listen", &plan.ctrl_addr])
-                // Listens only inside the benchmark's private namespace.
-                .arg("--insecure")
+                .arg("--token-file")
+                .arg(&token_file)
                 .stdin(Stdio::null()),
             Some(&logs.join(format!("controller-{backend}.log"))),
         )?;
@@ -97,6 +106,7 @@ impl Fabric {
         cmd.args(["run", "--backend", backend, "--topology"])
             .arg(topology)
             .args(["--controller", &plan.ctrl_addr, "--stats-listen", STATS_ADDR])
+            .env(TOKEN_ENV, creds.token(Role::Switch))
             .args(switch_args.split_whitespace())
             .stdin(Stdio::null());
         for s in &plan.switches {
@@ -130,6 +140,7 @@ impl Fabric {
         Ok(Fabric {
             switch,
             _controller: controller,
+            creds,
             ctrl_ns: plan.ctrl_ns.clone(),
             bins: bins.into(),
         })
@@ -284,6 +295,7 @@ pub fn run_hosts(
             .args(["--print-times", "--wait-stdin"])
             .env("INCCL_CONTROLLER", &plan.ctrl_addr)
             .env("INCCL_IFACE", &h.ifname)
+            .env(TOKEN_ENV, fabric.creds.token(Role::Host))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(logs.join(format!("{tag}-rank{r}.err")))?);

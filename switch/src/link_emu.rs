@@ -1,11 +1,10 @@
 //! `--link-emu [SWITCH:PORT=]SPEC`: which ports emulate what, in which direction.
 
-use std::path::Path;
 use std::str::FromStr;
 
 use anyhow::{anyhow, bail};
 use inc_switch_io::link_emu::{Impairments, PortLinkEmu};
-use inc_topology::Topology;
+use inc_topology::{PortPeer, PortRef, Topology};
 
 use crate::spec::SwitchPlan;
 
@@ -68,28 +67,21 @@ impl FromStr for LinkEmuArg {
     }
 }
 
-/// Per plan, per port, the emulation the arguments ask for. Arguments
+/// Per plan, per port, the emulation to apply: the topology's `emulate:` settings of
+/// the port's link or host, unless an argument applies to the port, in which case the
+/// arguments replace them (the command line overrides the file, per port). Arguments
 /// apply in order, each refining what earlier ones set on the same port and direction.
-/// Host-facing ports are known from the topology at `topology` (if given).
+/// Host-facing ports (for [`Direction::Link`]) are known from `topology` (if given).
 pub fn resolve(
     args: &[LinkEmuArg],
     plans: &[SwitchPlan],
-    topology: Option<&Path>,
+    topology: Option<&Topology>,
 ) -> anyhow::Result<Vec<Vec<PortLinkEmu>>> {
-    if args.is_empty() {
-        return Ok(plans.iter().map(|p| vec![PortLinkEmu::default(); p.ports.len()]).collect());
-    }
-    let topo = match topology {
-        Some(p) => Some(Topology::load(p).map_err(|e| anyhow!("{e}"))?),
-        None => None,
-    };
-    let host_facing = |switch: &str, port: &str| {
-        topo.as_ref().is_some_and(|t| {
-            t.hosts.iter().any(|h| {
-                let s = &t.switches[h.attach.switch];
-                s.name == switch && s.ports[h.attach.port].name == port
-            })
-        })
+    let topo_port = |plan: &SwitchPlan, port: &str| {
+        let t = topology?;
+        let switch = t.switch_by_id(plan.id)?;
+        let port = t.switches[switch].ports.iter().position(|p| p.name == port)?;
+        Some((t, PortRef { switch, port }))
     };
     for a in args {
         if let Some((sw, port)) = &a.target {
@@ -106,19 +98,27 @@ pub fn resolve(
     for plan in plans {
         let mut ports = Vec::new();
         for port in &plan.ports {
-            let mut emu = PortLinkEmu::default();
-            for a in args {
-                let applies = match &a.target {
+            let topo = topo_port(plan, &port.port);
+            let applying: Vec<&LinkEmuArg> = args
+                .iter()
+                .filter(|a| match &a.target {
                     None => true,
                     Some((sw, p)) => {
                         (plan.name == *sw || plan.id.to_string() == *sw) && port.port == *p
                     }
-                };
-                if !applies {
-                    continue;
-                }
+                })
+                .collect();
+            if applying.is_empty() {
+                let from_file = topo.map(|(t, r)| t.switches[r.switch].ports[r.port].emu.clone());
+                ports.push(from_file.unwrap_or_default());
+                continue;
+            }
+            let host_facing =
+                topo.is_some_and(|(t, r)| matches!(t.port_peer(r), Some(PortPeer::Host(_))));
+            let mut emu = PortLinkEmu::default();
+            for a in applying {
                 let (tx, rx) = match a.dir {
-                    Direction::Link => (true, host_facing(&plan.name, &port.port)),
+                    Direction::Link => (true, host_facing),
                     Direction::Tx => (true, false),
                     Direction::Rx => (false, true),
                     Direction::Both => (true, true),
@@ -163,7 +163,7 @@ mod tests {
         let plans = resolve_plans(&sw, &[], Some(&topo)).unwrap();
         let args: Vec<LinkEmuArg> =
             ["loss=1%", "leaf1:h1=delay=1ms,dir=tx"].iter().map(|s| s.parse().unwrap()).collect();
-        let emu = resolve(&args, &plans, Some(Path::new(path))).unwrap().remove(0);
+        let emu = resolve(&args, &plans, Some(&topo)).unwrap().remove(0);
         // Ports of leaf1: up (to root), h0, h1 (hosts).
         assert_eq!(emu.len(), 3);
         assert!(emu[0].tx.is_some() && emu[0].rx.is_none());
@@ -174,5 +174,59 @@ mod tests {
         assert!(emu[2].rx.as_ref().unwrap().delay.is_zero());
         let e = resolve(&["root:d1=loss=1%".parse().unwrap()], &plans, None).unwrap_err();
         assert!(e.to_string().contains("root:d1"), "{e}");
+    }
+
+    /// 1-2-4 with loss on root -- leaf1 (delay towards the root only) and on host h2's
+    /// link (from the host only).
+    fn lossy_1_2_4() -> Topology {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../topologies/1-2-4.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let text = text
+            .replace(
+                r#"{ a: "root:d1", b: "leaf1:up" }"#,
+                r#"{ a: "root:d1", b: "leaf1:up", emulate: "loss=1%", b_to_a: "delay=1ms" }"#,
+            )
+            .replace(r#"attach: "leaf2:h2" }"#, r#"attach: "leaf2:h2", from_host: "loss=2%" }"#);
+        Topology::parse("lossy.yaml", &text).unwrap()
+    }
+
+    #[test]
+    fn topology_settings_reach_the_right_ports_and_directions() {
+        let topo = lossy_1_2_4();
+        // All switches in one process, then one process per switch: the same settings.
+        let all: Vec<SwitchArg> = ["root", "leaf1", "leaf2"].map(|s| s.parse().unwrap()).into();
+        let plans = resolve_plans(&all, &[], Some(&topo)).unwrap();
+        let together = resolve(&[], &plans, Some(&topo)).unwrap();
+        for (i, name) in ["root", "leaf1", "leaf2"].iter().enumerate() {
+            let one = resolve_plans(&[name.parse().unwrap()], &[], Some(&topo)).unwrap();
+            assert_eq!(resolve(&[], &one, Some(&topo)).unwrap()[0], together[i], "{name}");
+        }
+        let loss = |i: &Option<Impairments>| i.as_ref().map(|i| i.loss);
+        let [root, leaf1, leaf2] = [&together[0], &together[1], &together[2]];
+        // root:d1 sends root -> leaf1: loss only; leaf1:up sends towards the root: + delay.
+        assert_eq!((loss(&root[0].tx), loss(&root[0].rx)), (Some(0.01), None));
+        let up = leaf1[0].tx.as_ref().unwrap();
+        assert_eq!((up.loss, up.delay), (0.01, std::time::Duration::from_millis(1)));
+        assert!(leaf1[0].rx.is_none());
+        // leaf2:h2 receives from its host with loss; sends unimpaired.
+        assert_eq!((loss(&leaf2[1].tx), loss(&leaf2[1].rx)), (None, Some(0.02)));
+        // Nothing else.
+        let impaired: usize = together.iter().flatten().filter(|p| !p.is_noop()).count();
+        assert_eq!(impaired, 3);
+    }
+
+    #[test]
+    fn command_line_overrides_the_topology_per_port() {
+        let topo = lossy_1_2_4();
+        let sw: Vec<SwitchArg> = vec!["leaf1".parse().unwrap()];
+        let plans = resolve_plans(&sw, &[], Some(&topo)).unwrap();
+        let args = ["leaf1:up=dup=1%,dir=tx".parse().unwrap()];
+        let emu = resolve(&args, &plans, Some(&topo)).unwrap().remove(0);
+        let up = emu[0].tx.as_ref().unwrap();
+        assert_eq!((up.loss, up.duplicate), (0.0, 0.01), "the file's loss and delay are replaced");
+        assert!(up.delay.is_zero());
+        // A command-line setting for every port replaces the file everywhere.
+        let emu = resolve(&["delay=3ms".parse().unwrap()], &plans, Some(&topo)).unwrap().remove(0);
+        assert!(emu.iter().all(|p| p.tx.as_ref().is_some_and(|t| t.loss == 0.0)));
     }
 }

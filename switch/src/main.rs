@@ -171,7 +171,8 @@ struct RunArgs {
     /// Emulate link faults: [SWITCH:PORT=]KEY=VALUE,... with keys loss, burst, dup,
     /// reorder, reorder-delay, corrupt, delay, jitter, rate, limit, seed and
     /// dir=link|tx|rx|both (repeatable; later ones refine earlier ones; without a
-    /// SWITCH:PORT every port). Example: `loss=1%,burst=4,seed=7`.
+    /// SWITCH:PORT every port). Example: `loss=1%,burst=4,seed=7`. Replaces the
+    /// topology's `emulate:` settings on the ports it applies to.
     #[arg(long = "link-emu")]
     link_emu: Vec<link_emu::LinkEmuArg>,
 }
@@ -224,7 +225,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
         token: args.token.clone(),
         stats_listen: args.stats_listen.clone(),
         capture: args.capture.clone(),
-        link_emu: link_emu::resolve(&args.link_emu, &plans, args.topology.as_deref())?,
+        link_emu: link_emu::resolve(&args.link_emu, &plans, topology.as_ref())?,
     };
     let mut n_workers = match args.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(plans.len()),

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use inc_controller::{Credentials, Role};
+use inc_ctrl_proto::TOKEN_ENV;
 use nix::fcntl::{Flock, FlockArg};
 use serde_json::Value;
 
@@ -278,6 +280,9 @@ pub struct Deployment {
     /// Where process logs go (removed on drop unless the test panicked).
     pub logdir: PathBuf,
     link_emu: Vec<String>,
+    /// The controller's credentials (token file `controller.token` in `logdir`):
+    /// switches present the switch token, hosts the host token, as in `scripts/demo`.
+    creds: Credentials,
     controller: Option<Child>,
     switches: BTreeMap<String, Child>,
     _guard: TeardownGuard,
@@ -342,12 +347,17 @@ impl Deployment {
             .expect("inc-controller plan");
         assert!(plan.status.success(), "plan: {}", String::from_utf8_lossy(&plan.stderr));
         let plan = Plan::parse(&String::from_utf8_lossy(&plan.stdout)).expect("plan");
+        // Created here (mode 0600) rather than by `serve`, so the tokens are known
+        // before the controller is up.
+        let token_file = logdir.join("controller.token");
+        let (creds, _) = Credentials::load_or_create(&token_file).expect("token file");
         let mut d = Deployment {
             prefix: prefix.to_string(),
             topology,
             plan,
             logdir,
             link_emu: link_emu.iter().map(|s| s.to_string()).collect(),
+            creds,
             controller: None,
             switches: BTreeMap::new(),
             _guard: guard,
@@ -359,9 +369,8 @@ impl Deployment {
             d.topology.display().to_string(),
             "--listen".into(),
             d.plan.controller_addr.clone(),
-            // Listens only inside this test's private namespace; authentication has
-            // its own tests (controller/tests/service.rs).
-            "--insecure".into(),
+            "--token-file".into(),
+            token_file.display().to_string(),
         ];
         d.controller = Some(spawn_in(
             &d.plan.controller_ns,
@@ -408,7 +417,8 @@ impl Deployment {
             args.push(format!("--link-emu={e}"));
         }
         let log = self.switch_log(name);
-        let child = spawn_in(&sw.ns, &log, &bin_dir().join("inc-switch"), &args, &[]);
+        let env = [(TOKEN_ENV.to_string(), self.creds.token(Role::Switch).to_string())];
+        let child = spawn_in(&sw.ns, &log, &bin_dir().join("inc-switch"), &args, &env);
         self.switches.insert(name.to_string(), child);
     }
 
@@ -474,6 +484,7 @@ impl Deployment {
                 let mut envs = vec![
                     ("INCCL_CONTROLLER".to_string(), self.plan.controller_addr.clone()),
                     ("INCCL_IFACE".to_string(), h.ifname.clone()),
+                    (TOKEN_ENV.to_string(), self.creds.token(Role::Host).to_string()),
                 ];
                 envs.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
                 let log = self.logdir.join(format!("job{job}-{program}-rank{rank}.log"));

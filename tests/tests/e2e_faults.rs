@@ -150,6 +150,63 @@ fn lossy_links_keep_collectives_exact() {
     println!("median slowdown at 5%: {:.2}x", median(slowdowns));
 }
 
+/// Per switch, per port and direction with link emulation: (lost, offered).
+fn emu_ports(d: &Deployment) -> BTreeMap<(String, String, String), (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for name in switch_names(d) {
+        let s = d.stats(&name);
+        for port in s["switches"][0]["ports"].as_array().into_iter().flatten() {
+            for dir in ["tx", "rx"] {
+                let c = &port["link_emu"][dir]["counters"];
+                if let (Some(lost), Some(offered)) = (c["lost"].as_u64(), c["offered"].as_u64()) {
+                    let port = port["name"].as_str().unwrap_or("?").to_string();
+                    out.insert((name.clone(), port, dir.to_string()), (lost, offered));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn loss_on_one_yaml_link_drops_on_that_link_only() {
+    if !can_run("yaml-link", &[]) {
+        return;
+    }
+    // 1-2-4 with `emulate:` on root -- leaf1 only, written next to the test's logs.
+    let text = std::fs::read_to_string(inc_tests::netns::repo_root().join(T124)).unwrap();
+    let lossy = r#"{ a: "root:d1", b: "leaf1:up", emulate: "loss=2%,seed=21" }"#;
+    let text = text.replace(r#"{ a: "root:d1", b: "leaf1:up" }"#, lossy);
+    assert!(text.contains("emulate"), "1-2-4.yaml no longer has the root:d1 -- leaf1:up link");
+    let prefix = unique_prefix("yl");
+    let dir = std::env::temp_dir().join(format!("inc-yaml-link-{prefix}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let topo = dir.join("1-2-4-lossy.yaml");
+    std::fs::write(&topo, text).unwrap();
+    let d = Deployment::up(&prefix, topo.to_str().unwrap(), &[]);
+    for (ci, (program, extra)) in
+        [("inccl-allreduce", &[][..]), ("inccl-broadcast", &["--root", "3"][..])].iter().enumerate()
+    {
+        let out =
+            d.start_hosts(ci as u16, program, COUNT_16M, extra, &[]).wait(Duration::from_secs(180));
+        assert_all_pass(&d, &format!("{program} with loss on root -- leaf1"), &out);
+    }
+    let ports = emu_ports(&d);
+    println!("\nloss=2% on link root:d1 -- leaf1:up only (from the topology), lost/offered:");
+    for ((sw, port, dir), (lost, offered)) in &ports {
+        println!("  {sw}:{port} {dir}: {lost}/{offered}");
+    }
+    // Exactly the two ends of that link emulate (each its sending direction), and lose.
+    let keys: Vec<String> = ports.keys().map(|(s, p, d)| format!("{s}:{p}:{d}")).collect();
+    assert_eq!(keys, ["leaf1:up:tx", "root:d1:tx"], "emulating ports");
+    for (k, (lost, offered)) in &ports {
+        assert!(*offered > 1000 && *lost > 0, "{k:?}: lost {lost} of {offered}");
+    }
+    drop(d);
+    assert_clean(&prefix);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn nft_dropped(d: &Deployment, ns: &str, table: &str) -> u64 {
     let out = d.exec_in(ns, &["nft", "list", "table", "inet", table]);
     out.split_whitespace()

@@ -6,6 +6,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::Path;
 
 use inc_ctrl_proto::EthernetAddress;
+use inc_link_spec::PortLinkEmu;
 use marked_yaml::{LoaderOptions, Spanned};
 
 use crate::error::{TopologyError, TopologyIssue};
@@ -60,7 +61,9 @@ impl fmt::Display for IfAddr {
 }
 
 /// A switch data-plane port.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Not `Eq`: link emulation settings hold probabilities (`f64`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Port {
     /// Port name; also the interface name in the switch's namespace.
     pub name: String,
@@ -68,10 +71,14 @@ pub struct Port {
     pub addr: IfAddr,
     /// MAC (resolved: `auto` becomes [`EthernetAddress::from_ipv4`]).
     pub mac: EthernetAddress,
+    /// Link emulation the switch applies on this port, from the `emulate:` settings of
+    /// the port's link or host: `tx` to the frames it sends, `rx` (host ports only) to
+    /// the frames the host sends it.
+    pub emu: PortLinkEmu,
 }
 
 /// A switch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Switch {
     /// Topology id.
     pub id: u32,
@@ -152,7 +159,7 @@ pub struct TreeNode {
 }
 
 /// A validated topology.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
     /// File it was loaded from.
     pub file: String,

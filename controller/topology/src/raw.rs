@@ -72,6 +72,15 @@ pub(crate) struct RawPort {
 pub(crate) struct RawLink {
     pub(crate) a: S<String>,
     pub(crate) b: S<String>,
+    /// Link emulation of both directions (`loss=1%,delay=2ms`).
+    #[serde(default)]
+    pub(crate) emulate: Option<S<String>>,
+    /// Refines `emulate` for frames from `a` to `b`.
+    #[serde(default)]
+    pub(crate) a_to_b: Option<S<String>>,
+    /// Refines `emulate` for frames from `b` to `a`.
+    #[serde(default)]
+    pub(crate) b_to_a: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,4 +93,13 @@ pub(crate) struct RawHost {
     pub(crate) attach: S<String>,
     #[serde(default)]
     pub(crate) mgmt: Option<S<String>>,
+    /// Link emulation of both directions of the host's link.
+    #[serde(default)]
+    pub(crate) emulate: Option<S<String>>,
+    /// Refines `emulate` for frames the switch sends to the host.
+    #[serde(default)]
+    pub(crate) to_host: Option<S<String>>,
+    /// Refines `emulate` for frames the host sends to the switch.
+    #[serde(default)]
+    pub(crate) from_host: Option<S<String>>,
 }

@@ -169,3 +169,69 @@ fn optional_fields() {
     assert_eq!(t.hosts[0].mac, None);
     assert_eq!(t.switches[1].max_slots, 64);
 }
+
+#[test]
+fn link_emulation_resolves_to_ports_and_directions() {
+    let text = GOOD
+        .replace(
+            r#"{ a: "a:d", b: "b:up" }"#,
+            r#"{ a: "a:d", b: "b:up", emulate: "loss=1%,seed=5", b_to_a: "delay=2ms" }"#,
+        )
+        .replace(r#"attach: "a:h0" }"#, r#"attach: "a:h0", from_host: "loss=5%" }"#)
+        .replace(r#"attach: "b:h1" }"#, r#"attach: "b:h1", emulate: "dup=1%", to_host: "dup=0" }"#);
+    let t = Topology::parse("t.yaml", &text).unwrap();
+    let (a, b) = (&t.switches[0].ports, &t.switches[1].ports);
+    // a:d sends a -> b: `emulate` only.
+    let a_to_b = a[0].emu.tx.as_ref().unwrap();
+    assert!((a_to_b.loss - 0.01).abs() < 1e-12 && a_to_b.delay.is_zero() && a_to_b.seed == 5);
+    assert!(a[0].emu.rx.is_none(), "the far switch emulates the other direction");
+    // b:up sends b -> a: `emulate` refined by `b_to_a`.
+    let b_to_a = b[0].emu.tx.as_ref().unwrap();
+    assert!((b_to_a.loss - 0.01).abs() < 1e-12);
+    assert_eq!(b_to_a.delay, std::time::Duration::from_millis(2));
+    assert!(b[0].emu.rx.is_none());
+    // Host h0: only frames from the host (received on a:h0) are impaired.
+    assert!(a[1].emu.tx.is_none());
+    assert!((a[1].emu.rx.as_ref().unwrap().loss - 0.05).abs() < 1e-12);
+    // Host h1: both directions from `emulate`, the switch's sending direction reset.
+    assert!(b[1].emu.tx.as_ref().unwrap().is_noop());
+    assert!((b[1].emu.rx.as_ref().unwrap().duplicate - 0.01).abs() < 1e-12);
+    // Without any `emulate:` nothing is impaired.
+    let plain = Topology::parse("t.yaml", GOOD).unwrap();
+    assert!(plain.switches.iter().flat_map(|s| &s.ports).all(|p| p.emu.is_noop()));
+}
+
+#[test]
+fn link_emulation_errors_name_line_link_and_key() {
+    let e = errors(r#"b: "b:up" }"#, r#"b: "b:up", emulate: "loss=2" }"#);
+    assert!(e.starts_with("t.yaml:17:"), "{e}");
+    assert!(e.contains("link a:d -- b:up") && e.contains("emulate") && e.contains("loss=2"), "{e}");
+    let e = errors(r#"b: "b:up" }"#, r#"b: "b:up", a_to_b: "delay=5parsecs" }"#);
+    assert!(e.starts_with("t.yaml:17:") && e.contains("a_to_b") && e.contains("parsecs"), "{e}");
+    let e = errors(r#"attach: "a:h0" }"#, r#"attach: "a:h0", to_host: "colour=red" }"#);
+    assert!(e.starts_with("t.yaml:19:"), "{e}");
+    assert!(e.contains("host h0") && e.contains("to_host") && e.contains("unknown key"), "{e}");
+    // Direction keys belong to their element: hosts have no `a_to_b`.
+    let e = errors(r#"attach: "a:h0" }"#, r#"attach: "a:h0", a_to_b: "loss=1%" }"#);
+    assert!(e.starts_with("t.yaml:19:") && e.contains("a_to_b"), "{e}");
+}
+
+#[test]
+fn shipped_lossy_example_emulates_where_its_comments_say() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../topologies/1-2-4-lossy.yaml");
+    let t = Topology::load(path).unwrap();
+    let mut impaired = Vec::new();
+    for s in &t.switches {
+        for p in &s.ports {
+            for (dir, imp) in [("tx", &p.emu.tx), ("rx", &p.emu.rx)] {
+                if imp.as_ref().is_some_and(|i| !i.is_noop()) {
+                    impaired.push(format!("{}:{}:{dir}", s.name, p.name));
+                }
+            }
+        }
+    }
+    assert_eq!(impaired, ["root:d1:tx", "leaf1:up:tx", "leaf2:h3:tx", "leaf2:h3:rx"]);
+    let up = t.switches[1].ports[0].emu.tx.as_ref().unwrap();
+    assert_eq!((up.loss, up.delay), (0.01, std::time::Duration::from_millis(2)));
+    assert_eq!(t.switches[2].ports[2].emu.tx.as_ref().unwrap().rate_bps, Some(1_000_000_000));
+}

@@ -4,6 +4,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::EthernetAddress;
+use inc_link_spec::PortLinkEmu;
 
 use super::{parse_ifaddr, resolve, Validator, NO_ADDR};
 use crate::model::{pos, Host, IfAddr, Link, Switch, TreeNode};
@@ -36,6 +37,8 @@ impl Validator<'_> {
         let mut uf: Vec<usize> = (0..switches.len()).collect();
         for l in &raw.links {
             let el = format!("link {} -- {}", l.a.as_str(), l.b.as_str());
+            let [a_to_b, b_to_a] =
+                self.emulation(&el, &l.emulate, [("a_to_b", &l.a_to_b), ("b_to_a", &l.b_to_a)]);
             let a = resolve(&l.a, switches).map_err(|m| self.issue(&l.a, &el, m)).ok();
             let b = resolve(&l.b, switches).map_err(|m| self.issue(&l.b, &el, m)).ok();
             let (Some(a), Some(b)) = (a, b) else { continue };
@@ -67,6 +70,8 @@ impl Validator<'_> {
                 continue;
             }
             uf[ra] = rb;
+            self.emu.push((a, PortLinkEmu { tx: a_to_b, rx: None }));
+            self.emu.push((b, PortLinkEmu { tx: b_to_a, rx: None }));
             links.push((Link { a, b }, pos(&l.a)));
         }
         links
@@ -80,6 +85,11 @@ impl Validator<'_> {
         let mut hosts = Vec::new();
         for h in &raw.hosts {
             let el = format!("host {}", h.name.as_str());
+            let [to_host, from_host] = self.emulation(
+                &el,
+                &h.emulate,
+                [("to_host", &h.to_host), ("from_host", &h.from_host)],
+            );
             let addr = parse_ifaddr(&h.ip).unwrap_or_else(|m| {
                 self.issue(&h.ip, &el, m);
                 NO_ADDR
@@ -102,6 +112,7 @@ impl Validator<'_> {
                 continue;
             }
             self.used.insert(attach, el.clone());
+            self.emu.push((attach, PortLinkEmu { tx: to_host, rx: from_host }));
             let paddr = switches[attach.switch].ports[attach.port].addr;
             if !addr.ip.is_unspecified() && !paddr.ip.is_unspecified() && !addr.same_subnet(paddr) {
                 let msg = format!(

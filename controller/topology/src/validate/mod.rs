@@ -5,12 +5,14 @@
 //! - this file: controller, defaults, names, switches and ports;
 //! - [`layout`]: links, hosts, subnets, the tree and management addresses.
 
+mod emulation;
 mod layout;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use inc_ctrl_proto::{EthernetAddress, MAX_WINDOW, VALID_MTUS};
+use inc_link_spec::PortLinkEmu;
 use marked_yaml::Spanned;
 
 use crate::error::{TopologyError, TopologyIssue};
@@ -26,6 +28,8 @@ pub(crate) struct Validator<'a> {
     macs: HashMap<EthernetAddress, String>,
     /// Switch ports taken by a link or a host.
     used: HashMap<PortRef, String>,
+    /// Link emulation of the ports of valid links and hosts.
+    emu: Vec<(PortRef, PortLinkEmu)>,
 }
 
 fn valid_name(s: &str) -> bool {
@@ -77,6 +81,7 @@ impl<'a> Validator<'a> {
             ips: HashMap::new(),
             macs: HashMap::new(),
             used: HashMap::new(),
+            emu: Vec::new(),
         }
     }
 
@@ -161,6 +166,9 @@ impl<'a> Validator<'a> {
         let (root, tree) = self.tree(&raw, &switches, &links, &hosts);
         let mgmt_net = IfAddr { ip: *controller.ip(), prefix: mgmt_prefix };
         let hosts = self.management(&raw, mgmt_net, &mut switches, hosts);
+        for (p, emu) in std::mem::take(&mut self.emu) {
+            switches[p.switch].ports[p.port].emu = emu;
+        }
 
         if !self.issues.is_empty() {
             self.issues.sort_by_key(|i| (i.line, i.column));
@@ -304,7 +312,7 @@ impl<'a> Validator<'a> {
                 if parsed.is_ok() {
                     self.claim_mac(p.mac.as_ref().unwrap_or(&p.ip), &el, mac);
                 }
-                ports.push(Port { name: p.name.to_string(), addr, mac });
+                ports.push(Port { name: p.name.to_string(), addr, mac, emu: Default::default() });
             }
             let (max_slots, max_window, max_mtu, max_slot_memory) = self.switch_limits(s, &sel);
             switches.push(Switch {

@@ -5,26 +5,8 @@ use std::time::{Duration, Instant};
 use inc_protocol::Time;
 use serde::Serialize;
 
-use super::{seed_for, Impairments, LinkEmu, LinkEmuCounters, Verdict};
+use super::{seed_for, Impairments, LinkEmu, LinkEmuCounters, PortLinkEmu, Verdict};
 use crate::backend::{Backend, IoError, PortCounters, PortDesc, Waker};
-
-/// Link emulation of one backend port.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PortLinkEmu {
-    /// Applied to the frames the switch sends on the port.
-    pub tx: Option<Impairments>,
-    /// Applied to the frames the switch receives on the port: the other direction of a
-    /// link whose far end (a host) has no emulator of its own.
-    pub rx: Option<Impairments>,
-}
-
-impl PortLinkEmu {
-    /// True if neither direction is impaired.
-    pub fn is_noop(&self) -> bool {
-        self.tx.as_ref().is_none_or(Impairments::is_noop)
-            && self.rx.as_ref().is_none_or(Impairments::is_noop)
-    }
-}
 
 /// Settings and counters of one direction, for the stats endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -13,7 +13,6 @@
 //! and enters it with the probability that makes the long-run loss rate `L`.
 
 mod backend;
-mod spec;
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -22,8 +21,11 @@ use std::time::Duration;
 use inc_protocol::Time;
 use serde::Serialize;
 
-pub use self::backend::{LinkEmuBackend, LinkEmuStats, PortLinkEmu, PortLinkEmuStats};
-pub use self::spec::{Impairments, SpecError, DEFAULT_LIMIT, DEFAULT_REORDER_DELAY};
+pub use self::backend::{LinkEmuBackend, LinkEmuStats, PortLinkEmuStats};
+// The settings and their text form live in their own crate, shared with the topology.
+pub use inc_link_spec::{
+    Impairments, PortLinkEmu, SpecError, DEFAULT_LIMIT, DEFAULT_REORDER_DELAY,
+};
 
 /// What happens to a frame offered to a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

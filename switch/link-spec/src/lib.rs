@@ -1,5 +1,11 @@
 //! What a link does to frames ([`Impairments`]) and its text form, as given on the
-//! command line and in topologies: `loss=1%,burst=4,delay=2ms,rate=1gbit,seed=7`.
+//! command line (`inc-switch run --link-emu`) and in topologies (`emulate:`):
+//! `loss=1%,burst=4,delay=2ms,rate=1gbit,seed=7`. [`PortLinkEmu`] is the setting of
+//! one switch port, per direction.
+//!
+//! Settings only: the emulator itself (sans-IO, seeded) lives in
+//! `inc_switch_io::link_emu`. This crate has no I/O so that the topology crate can
+//! validate the same text the switch applies.
 
 use std::fmt;
 use std::str::FromStr;
@@ -169,6 +175,24 @@ impl fmt::Display for Impairments {
             parts.push(format!("seed={}", self.seed));
         }
         f.write_str(&parts.join(","))
+    }
+}
+
+/// Link emulation of one switch port.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PortLinkEmu {
+    /// Applied to the frames the switch sends on the port.
+    pub tx: Option<Impairments>,
+    /// Applied to the frames the switch receives on the port: the other direction of a
+    /// link whose far end (a host) has no emulator of its own.
+    pub rx: Option<Impairments>,
+}
+
+impl PortLinkEmu {
+    /// True if neither direction is impaired.
+    pub fn is_noop(&self) -> bool {
+        self.tx.as_ref().is_none_or(Impairments::is_noop)
+            && self.rx.as_ref().is_none_or(Impairments::is_noop)
     }
 }
 
