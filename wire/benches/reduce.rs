@@ -9,31 +9,17 @@
 //! `INC_BENCH_CASE="Float32 Max"` limits it to one type and operator.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inc_wire::reduce::{combine_be, combine_be_portable};
 use inc_wire::{DataType, Operator};
 
 type Kernel = fn(Operator, DataType, &mut [u8], &[u8]) -> usize;
 
-const CHUNK: usize = 4096;
+mod common;
+use common::best_per_call;
 
-/// Best per-call time of 5 rounds of about `budget / 5` each.
-fn best_per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
-    let mut best = Duration::MAX;
-    for _ in 0..5 {
-        let start = Instant::now();
-        let mut n = 0u32;
-        while start.elapsed() < budget / 5 {
-            for _ in 0..64 {
-                f();
-            }
-            n += 64;
-        }
-        best = best.min(start.elapsed() / n);
-    }
-    best
-}
+const CHUNK: usize = 4096;
 
 fn main() {
     let calls: Option<u32> = std::env::var("INC_BENCH_CALLS").ok().and_then(|v| v.parse().ok());
