@@ -288,7 +288,7 @@ fn controller_end_to_end() {
             for (rank, e) in eps.iter().enumerate() {
                 assert_eq!(e.rank as usize, rank);
                 assert_eq!(e.switch_id, switch_id);
-                assert_eq!((e.comm_id, e.mtu, e.window), (comm, 1024, 16));
+                assert_eq!((e.comm_id, e.mtu, e.window), (comm, 4096, 16));
                 let conn = &rules.connections[rules.connection_for_rank(rank as u16).unwrap()];
                 assert_eq!(conn.local_qpn, e.switch_qpn);
                 assert_eq!(conn.local_start_psn, e.switch_start_psn);
@@ -304,12 +304,12 @@ fn controller_end_to_end() {
 
     // A second communicator on the same switch uses different QPNs and slots.
     let (comm_a2, eps_a2) = ca
-        .create_communicator(ga, ranks(&["10.1.1.21", "10.1.1.5"], 0x50), Some(4096), None, T)
+        .create_communicator(ga, ranks(&["10.1.1.21", "10.1.1.5"], 0x50), Some(2048), None, T)
         .unwrap();
     for (x, y) in eps_a.iter().zip(&eps_a2) {
         assert_ne!(x.switch_qpn, y.switch_qpn);
     }
-    assert_eq!(eps_a2[0].mtu, 4096);
+    assert_eq!(eps_a2[0].mtu, 2048, "the requested mtu, not the topology default");
 
     // Requests the controller must refuse, with reasons.
     let mut cc = client(addr);

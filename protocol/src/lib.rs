@@ -14,10 +14,10 @@
 pub mod coll;
 pub mod frame;
 mod rc;
-mod rtt;
 mod time;
 
 pub use frame::RcAddressing;
-pub use rc::{Inbound, RcConfig, RcConnection, RcCounters, RcFailure, RcTimers, SendError};
-pub use rtt::RttEstimator;
+pub use rc::{
+    Inbound, RcConfig, RcConnection, RcCounters, RcFailure, RcTimers, RttEstimator, SendError,
+};
 pub use time::{earliest, Time};

@@ -5,12 +5,15 @@
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inc_wire::reduce::combine_be;
 use inc_wire::{
     icrc, BthRepr, DataType, EthAddrs, EthernetAddress, Opcode, Operator, Psn, RoceRepr,
 };
+
+mod common;
+use common::best_per_call;
 
 fn frame(payload_len: usize) -> (RoceRepr, Vec<u8>) {
     let mut r = RoceRepr::new(
@@ -27,23 +30,6 @@ fn frame(payload_len: usize) -> (RoceRepr, Vec<u8>) {
     let mut buf = vec![0u8; r.frame_len()];
     r.emit(&mut buf, |p| p.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8)).unwrap();
     (r, buf)
-}
-
-/// Runs `f` repeatedly for about `budget`, returning the best per-call time of 5 rounds.
-fn best_per_call(budget: Duration, mut f: impl FnMut()) -> Duration {
-    let mut best = Duration::MAX;
-    for _ in 0..5 {
-        let start = Instant::now();
-        let mut n = 0u32;
-        while start.elapsed() < budget / 5 {
-            for _ in 0..64 {
-                f();
-            }
-            n += 64;
-        }
-        best = best.min(start.elapsed() / n);
-    }
-    best
 }
 
 fn report(what: &str, bytes: usize, per_call: Duration) {

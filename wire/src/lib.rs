@@ -7,7 +7,8 @@
 //! arithmetic, the INC immediate-data encoding ([`IncImm`]), element reduce kernels
 //! ([`reduce`]) and a full-frame parser/builder ([`RoceRepr`]).
 //!
-//! No I/O, no allocation, no `unsafe`; malformed input yields an [`Error`], never a panic.
+//! No I/O, no allocation; malformed input yields an [`Error`], never a panic. The only
+//! `unsafe` is the run-time CPU dispatch of the reduce kernels (`reduce::simd_dispatch`).
 #![deny(unsafe_code)]
 
 pub mod arp;

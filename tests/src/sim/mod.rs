@@ -11,7 +11,8 @@
 //! - `cargo test -p inc-tests --test sim` — the suite (seconds);
 //! - a failure prints `reproduce: INC_SIM_SEED=N cargo test -p inc-tests --test sim -- NAME --exact`;
 //! - `INC_SIM_CASES=K` runs K seeds per test (soak); `INC_SIM_VERBOSE=1` adds full
-//!   counters to failure dumps;
+//!   counters to failure dumps; `INC_SIM_MTU=M` runs every communicator with payload
+//!   size `M` instead of the topology's default;
 //! - `cargo test -p inc-tests --test sim -- --ignored goodput --nocapture` prints simulated
 //!   goodput and retransmissions at 0%, 1% and 5% loss.
 //!
@@ -23,7 +24,7 @@
 //! - [`harness`]: switch and host engines as fabric nodes, collectives run back to back.
 //! - [`scenario`]: a whole run (build, run, verify results and counters) and random
 //!   scenarios.
-//! - [`repro`]: seed selection (`INC_SIM_SEED`, `INC_SIM_CASES`) and the reproduction line.
+//! - [`repro`]: seed selection (`INC_SIM_SEED`, `INC_SIM_CASES`, `INC_SIM_MTU`) and the reproduction line.
 
 pub mod cases;
 pub mod fabric;

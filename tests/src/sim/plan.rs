@@ -38,7 +38,7 @@ pub fn generated_topology(name: &str) -> Option<String> {
     let nums: Vec<usize> =
         base.split('-').skip(1).map(|n| n.parse().ok()).collect::<Option<_>>()?;
     let mut y = format!(
-        "name: {name}\ncontroller:\n  address: 10.0.0.1:7000\ndefaults:\n  mtu: 1024\n  window: 64\n"
+        "name: {name}\ncontroller:\n  address: 10.0.0.1:7000\ndefaults:\n  mtu: 4096\n  window: 64\n"
     );
     // Host h of leaf l: port 10.(l+1).h.1/24, host 10.(l+1).h.10/24.
     let leaf =

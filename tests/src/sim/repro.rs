@@ -2,6 +2,8 @@
 //!
 //! - `INC_SIM_SEED=N` runs only seed `N` (reproduce a failure).
 //! - `INC_SIM_CASES=K` runs `K` seeds instead of the test's default (soak runs).
+//! - `INC_SIM_MTU=M` gives every communicator payload size `M` instead of the
+//!   topology's default (tests that draw their own sizes keep drawing them).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -9,6 +11,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub const SEED_VAR: &str = "INC_SIM_SEED";
 /// Environment variable overriding the number of seeds.
 pub const CASES_VAR: &str = "INC_SIM_CASES";
+/// Environment variable overriding the communicators' payload size.
+pub const MTU_VAR: &str = "INC_SIM_MTU";
 
 /// The seeds a test runs: `INC_SIM_SEED` alone if set, else `0..INC_SIM_CASES` (or
 /// `0..default_cases`).
@@ -22,6 +26,14 @@ pub fn seeds(default_cases: u64) -> Vec<u64> {
     (0..env_u64(CASES_VAR).unwrap_or(default_cases)).collect()
 }
 
+/// The payload size `INC_SIM_MTU` asks for, if set.
+///
+/// # Panics
+/// If it is set but is not a number (naming the variable).
+pub fn mtu_override() -> Option<u16> {
+    env_u64(MTU_VAR).map(|m| u16::try_from(m).unwrap_or_else(|_| panic!("{MTU_VAR}={m} too large")))
+}
+
 fn env_u64(var: &str) -> Option<u64> {
     let v = std::env::var(var).ok()?;
     Some(v.trim().parse().unwrap_or_else(|_| panic!("{var}={v:?} is not a number")))
@@ -29,7 +41,10 @@ fn env_u64(var: &str) -> Option<u64> {
 
 /// The command that re-runs one seed of one test of the `sim` test binary.
 pub fn repro_line(test: &str, seed: u64) -> String {
-    format!("reproduce: {SEED_VAR}={seed} cargo test -p inc-tests --test sim -- {test} --exact")
+    let mtu = mtu_override().map_or(String::new(), |m| format!("{MTU_VAR}={m} "));
+    format!(
+        "reproduce: {mtu}{SEED_VAR}={seed} cargo test -p inc-tests --test sim -- {test} --exact"
+    )
 }
 
 /// Runs `case` for every seed of [`seeds`]; on the first failure (an `Err` or a panic,

@@ -824,7 +824,7 @@ pub fn random_scenario(seed: u64, topology: &str, shape: &Shape) -> Result<Scena
                 Some(*[1u32, 2, 3, 4, 8, 16, 64].choose(rng).expect("non-empty")),
             )
         } else {
-            (None, None)
+            (super::repro::mtu_override(), None)
         };
         let n = rng.gen_range(shape.jobs.clone());
         let jobs = (0..n).map(|_| gen_collective(rng, hosts.len() as u16, &shape.case)).collect();

@@ -13,12 +13,23 @@
 //!
 //! Float SUM is commutative but not associative; a reproducible result across runs
 //! needs a fixed combination order, which is the switch's job (deterministic mode).
+//!
+//! [`combine_be`] runs a build of the same kernels for the best instruction set the CPU
+//! has (x86-64: AVX2 or SSE4.1, detected once at run time; see `simd_dispatch`),
+//! because swapping byte order one element at a time costs ten times more than the
+//! arithmetic on a baseline x86-64 build. Every build computes the same bits:
+//! [`combine_be_portable`] is the reference the tests hold them to.
 
 use crate::imm::{DataType, Operator};
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)] // target_feature functions; see the module's Safety notes
+mod simd_dispatch;
 
 /// The canonical quiet NaN every NaN result is replaced with.
 pub const CANONICAL_NAN_BITS: u32 = 0x7fc0_0000;
 
+#[inline(always)]
 fn canon(x: f32) -> u32 {
     if x.is_nan() {
         CANONICAL_NAN_BITS
@@ -27,23 +38,40 @@ fn canon(x: f32) -> u32 {
     }
 }
 
+// MAX/MIN as selects without short-circuits, so they vectorise. Equal operands are
+// either the same bits or +0.0 and -0.0, where AND of the bits gives +0.0 (MAX) and OR
+// gives -0.0 (MIN).
+#[inline(always)]
 fn f32_max(a: f32, b: f32) -> u32 {
-    if a.is_nan() || b.is_nan() {
-        CANONICAL_NAN_BITS
-    } else if a > b || (a == b && b.is_sign_negative()) {
-        a.to_bits()
+    let (x, y) = (a.to_bits(), b.to_bits());
+    let r = if a > b {
+        x
+    } else if a < b {
+        y
     } else {
-        b.to_bits()
+        x & y
+    };
+    if a.is_nan() | b.is_nan() {
+        CANONICAL_NAN_BITS
+    } else {
+        r
     }
 }
 
+#[inline(always)]
 fn f32_min(a: f32, b: f32) -> u32 {
-    if a.is_nan() || b.is_nan() {
-        CANONICAL_NAN_BITS
-    } else if a < b || (a == b && a.is_sign_negative()) {
-        a.to_bits()
+    let (x, y) = (a.to_bits(), b.to_bits());
+    let r = if a < b {
+        x
+    } else if a > b {
+        y
     } else {
-        b.to_bits()
+        x | y
+    };
+    if a.is_nan() | b.is_nan() {
+        CANONICAL_NAN_BITS
+    } else {
+        r
     }
 }
 
@@ -80,6 +108,23 @@ fn zip_be(acc: &mut [u8], other: &[u8], f: impl Fn(u32, u32) -> u32) -> usize {
 /// protocol error the caller must report, not something to reduce around).
 /// `Barrier` carries no data and returns 0.
 pub fn combine_be(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(n) = simd_dispatch::combine_be(op, dtype, acc, other) {
+        return n;
+    }
+    combine_kernels(op, dtype, acc, other)
+}
+
+/// [`combine_be`] built for the compilation target only, whatever the CPU offers: the
+/// reference the run-time dispatched builds must match bit for bit.
+pub fn combine_be_portable(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
+    combine_kernels(op, dtype, acc, other)
+}
+
+/// The kernels of [`combine_be`]; always inlined, so each caller (the portable one and
+/// the `target_feature` builds) gets its own code generated for its instruction set.
+#[inline(always)]
+fn combine_kernels(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
     // One monomorphic loop per case so the compiler can keep the hot loop branch-free.
     match (dtype, op) {
         (_, Operator::Barrier) => 0,
@@ -193,14 +238,14 @@ mod tests {
         }
     }
 
-    fn op_strategy() -> impl Strategy<Value = Operator> {
+    pub(super) fn op_strategy() -> impl Strategy<Value = Operator> {
         prop_oneof![Just(Operator::Sum), Just(Operator::Max), Just(Operator::Min)]
     }
-    fn dtype_strategy() -> impl Strategy<Value = DataType> {
+    pub(super) fn dtype_strategy() -> impl Strategy<Value = DataType> {
         prop_oneof![Just(DataType::Int32), Just(DataType::Float32)]
     }
     /// Bit patterns biased towards the interesting floats.
-    fn element() -> impl Strategy<Value = u32> {
+    pub(super) fn element() -> impl Strategy<Value = u32> {
         prop_oneof![
             any::<u32>(),
             Just(0u32),

@@ -1,0 +1,345 @@
+//! The requester half of an RC connection: the queue of unacknowledged frames,
+//! go-back-N on sequence NAKs, RNR waits and timeouts, AckReq pacing and tail probes.
+
+use inc_wire::{AethRepr, AethSyndrome, EthernetAddress, NakCode, Psn};
+
+use super::responder::Response;
+use super::{Inbound, RcConnection, RcFailure, SendError};
+use crate::frame;
+use crate::time::Time;
+
+/// One unacknowledged frame.
+#[derive(Debug)]
+pub(super) struct Entry {
+    pub(super) psn: Psn,
+    pub(super) buf: Vec<u8>,
+    len: usize,
+    pub(super) first_sent: Option<Time>,
+    retransmitted: bool,
+}
+
+impl Entry {
+    /// Copies the stored frame into `buf` with the peer MAC, if learned, as destination.
+    /// Returns the frame in `buf`, or `None` if `buf` is too small.
+    fn copy_out<'b>(
+        &self,
+        buf: &'b mut [u8],
+        peer_mac: Option<EthernetAddress>,
+    ) -> Option<&'b mut [u8]> {
+        let out = buf.get_mut(..self.len)?;
+        out.copy_from_slice(&self.buf[..self.len]);
+        if let Some(mac) = peer_mac {
+            frame::set_dst_mac(out, mac);
+        }
+        Some(out)
+    }
+}
+
+impl RcConnection {
+    /// Queues one message (single-packet SEND). Fails with the message handed back
+    /// when the send queue is full or the connection failed.
+    pub fn send(&mut self, imm: Option<u32>, payload: &[u8]) -> Result<Psn, SendError> {
+        if let Some(f) = self.failed {
+            return Err(SendError::Failed(f));
+        }
+        if self.queue.len() >= self.cfg.send_queue {
+            return Err(SendError::QueueFull);
+        }
+        if payload.len() > self.cfg.max_payload {
+            return Err(SendError::TooLarge { len: payload.len(), max: self.cfg.max_payload });
+        }
+        let cap = frame::max_frame_len(self.cfg.max_payload);
+        let mut buf = self.pool.pop().unwrap_or_else(|| vec![0; cap]);
+        let psn = self.next_psn;
+        let len = self
+            .cfg
+            .addr
+            .emit_send(&mut buf, psn, imm, payload)
+            .ok_or(SendError::TooLarge { len: payload.len(), max: self.cfg.max_payload })?;
+        self.next_psn = psn.next();
+        self.queue.push_back(Entry { psn, buf, len, first_sent: None, retransmitted: false });
+        Ok(psn)
+    }
+
+    pub(super) fn on_ack(&mut self, now: Time, psn: Psn, aeth: &AethRepr) -> Inbound {
+        // First PSN not acknowledged by this response.
+        let (upto, kind) = match aeth.syndrome {
+            AethSyndrome::Ack { .. } => (psn.next(), Response::Ack),
+            AethSyndrome::Nak(NakCode::PsnSequenceError) => (psn, Response::SeqNak),
+            AethSyndrome::RnrNak { .. } => (psn, Response::Rnr),
+            AethSyndrome::Nak(code) => {
+                self.counters.rx_fatal_naks += 1;
+                let f = RcFailure::FatalNak { psn, code };
+                self.fail(f);
+                return Inbound::Failed(f);
+            }
+        };
+        // Valid only within [oldest unacked, highest sent + 1].
+        let Some(front) = self.queue.front().map(|e| e.psn) else {
+            self.counters.rx_stale_acks += 1;
+            return Inbound::Handled;
+        };
+        let n = upto.distance(front);
+        if n < 0 || n as usize > self.sent_hi {
+            self.counters.rx_stale_acks += 1;
+            return Inbound::Handled;
+        }
+        let n = n as usize;
+        let mut sample = None;
+        for _ in 0..n {
+            let e = self.queue.pop_front().expect("n <= queue length");
+            if !e.retransmitted {
+                sample = e.first_sent;
+            }
+            self.pool.push(e.buf);
+        }
+        self.send_idx = self.send_idx.saturating_sub(n);
+        self.sent_hi -= n;
+        if self.ack_req_psn.is_some_and(|p| p.is_before(upto)) {
+            self.ack_req_psn = None;
+            if self.send_idx > 0 {
+                self.probe_at = Some(now + self.cfg.timers.ack_delay);
+            }
+        }
+        if self.send_idx == 0 {
+            self.probe_at = None;
+        }
+        if n > 0 {
+            self.retries = 0;
+            match sample {
+                Some(t) => self.rtt.sample(now - t),
+                None => self.rtt.reset_backoff(),
+            }
+        }
+        match kind {
+            Response::Ack => {
+                self.counters.rx_acks += 1;
+                self.rnr_retries = 0;
+            }
+            Response::SeqNak => {
+                self.counters.rx_seq_naks += 1;
+                self.rnr_retries = 0;
+                self.rewind();
+            }
+            Response::Rnr => {
+                self.counters.rx_rnr_naks += 1;
+                self.rnr_retries += 1;
+                if let Some(limit) = self.cfg.timers.rnr_retry_limit {
+                    if self.rnr_retries > limit {
+                        let f = RcFailure::RnrRetriesExhausted { psn, retries: self.rnr_retries };
+                        self.fail(f);
+                        return Inbound::Failed(f);
+                    }
+                }
+                let AethSyndrome::RnrNak { timer } = aeth.syndrome else { unreachable!() };
+                self.rnr_until = Some(now + inc_wire::rnr_timer_to_duration(timer));
+                self.rewind();
+                self.rto_deadline = None;
+                return Inbound::Handled;
+            }
+        }
+        self.rto_deadline = if self.send_idx > 0 { Some(now + self.rtt.rto()) } else { None };
+        Inbound::Handled
+    }
+
+    /// Go back N: resend everything unacknowledged.
+    pub(super) fn rewind(&mut self) {
+        self.send_idx = 0;
+        self.ack_req_psn = None;
+        self.probe_at = None;
+    }
+
+    /// The next request frame (new or retransmitted), or the tail probe, written to `buf`.
+    pub(super) fn poll_request(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+        if let Some(t) = self.rnr_until {
+            if t > now {
+                return None;
+            }
+            self.rnr_until = None;
+        }
+        if self.send_idx >= self.queue.len() {
+            return self.poll_probe(now, buf);
+        }
+        let last = self.send_idx + 1 == self.queue.len();
+        let e = &mut self.queue[self.send_idx];
+        let out = e.copy_out(buf, self.cfg.addr.peer_mac)?;
+        self.since_ack_req += 1;
+        let ack_req = self.since_ack_req >= self.cfg.timers.ack_req_every
+            || (last && self.ack_req_psn.is_none());
+        if ack_req {
+            self.since_ack_req = 0;
+            self.ack_req_psn = Some(e.psn);
+            self.probe_at = None;
+            frame::set_ack_req(out, true);
+        }
+        if e.first_sent.is_none() {
+            e.first_sent = Some(now);
+            self.counters.tx_requests += 1;
+        } else {
+            e.retransmitted = true;
+            self.counters.retransmits += 1;
+        }
+        self.send_idx += 1;
+        self.sent_hi = self.sent_hi.max(self.send_idx);
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rtt.rto());
+        }
+        Some(e.len)
+    }
+
+    /// The tail probe, when due: the newest sent packet again, with AckReq.
+    fn poll_probe(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+        if self.probe_at.is_none_or(|t| t > now) || self.send_idx == 0 {
+            return None;
+        }
+        let e = &mut self.queue[self.send_idx - 1];
+        let out = e.copy_out(buf, self.cfg.addr.peer_mac)?;
+        frame::set_ack_req(out, true);
+        // Karn: an ACK may now answer either copy.
+        e.retransmitted = true;
+        self.probe_at = None;
+        self.ack_req_psn = Some(e.psn);
+        self.since_ack_req = 0;
+        self.counters.tail_probes += 1;
+        Some(e.len)
+    }
+
+    /// A request of the peer arrived. Our ACKs come back behind the peer's own requests
+    /// (one FIFO path per direction), so on a slow link a window of them delays an ACK
+    /// by its serialisation: 64 frames of 4 KiB take 2.2 ms at 1 Gb/s, while the RTT
+    /// measured when that direction was idle is tens of microseconds. While they keep
+    /// arriving, a missing ACK is no sign of loss: the timer runs from the last one.
+    /// (Bounded: the peer's requests are limited by its window, and a lost request of
+    /// ours still draws a sequence NAK from the next one behind it.)
+    pub(super) fn on_peer_request(&mut self, now: Time) {
+        if let Some(deadline) = self.rto_deadline {
+            self.rto_deadline = Some(deadline.max(now + self.rtt.rto()));
+        }
+    }
+
+    /// The retransmission timer expired: go back, or fail once the retries are spent.
+    pub(super) fn on_rto(&mut self) -> Option<RcFailure> {
+        self.rto_deadline = None;
+        self.counters.timeouts += 1;
+        self.retries += 1;
+        let psn = self.queue.front().map_or(self.next_psn, |e| e.psn);
+        if self.retries > self.cfg.timers.retry_limit {
+            let f = RcFailure::RetriesExhausted { psn, retries: self.retries - 1 };
+            self.fail(f);
+            return Some(f);
+        }
+        tracing::debug!(%psn, retries = self.retries, "RC retransmission timeout, going back");
+        self.rtt.on_timeout();
+        self.rewind();
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use inc_wire::RoceRepr;
+
+    use super::super::tests::cfg;
+    use super::*;
+
+    /// A peer that, like rxe, ACKs only packets with AckReq, fed one message at a time
+    /// faster than the round trip: no timeouts, and far fewer ACKs than messages.
+    #[test]
+    fn trickle_to_an_ack_req_only_peer() {
+        let mut a = RcConnection::new(cfg(1, 2, 64));
+        let mut bc = cfg(2, 1, 64);
+        bc.timers.ack_coalesce = u32::MAX;
+        bc.timers.ack_delay = Duration::from_secs(3600);
+        let mut b = RcConnection::new(bc);
+        let rtt = Duration::from_micros(50);
+        let mut wire: std::collections::VecDeque<(Time, bool, Vec<u8>)> = Default::default();
+        let mut now = Time::ZERO;
+        let mut buf = vec![0u8; 2048];
+        let mut got = 0u32;
+        let n = 300u32;
+        let mut next = 0u32;
+        while got < n || a.queued() > 0 {
+            assert!(now < Time::from_nanos(1_000_000_000), "stuck: {:?}", a.counters());
+            if next < n && a.send_room() > 0 {
+                a.send(None, &next.to_be_bytes()).unwrap();
+                next += 1;
+            }
+            while let Some(len) = a.poll_transmit(now, &mut buf) {
+                wire.push_back((now + rtt / 2, true, buf[..len].to_vec()));
+            }
+            while let Some(len) = b.poll_transmit(now, &mut buf) {
+                wire.push_back((now + rtt / 2, false, buf[..len].to_vec()));
+            }
+            while wire.front().is_some_and(|(t, _, _)| *t <= now) {
+                let (_, to_b, f) = wire.pop_front().unwrap();
+                let f = RoceRepr::parse(&f).unwrap();
+                let (rx, is_b) = if to_b { (&mut b, true) } else { (&mut a, false) };
+                if let Inbound::Request = rx.on_packet(now, &f.repr.bth, f.repr.ext.aeth.as_ref()) {
+                    rx.accept(now);
+                    if is_b {
+                        got += 1;
+                    }
+                }
+            }
+            now += Duration::from_micros(5);
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+        }
+        let (ca, cb) = (a.counters(), b.counters());
+        assert_eq!(ca.timeouts, 0, "{ca:?}");
+        assert_eq!(cb.rx_requests, u64::from(n));
+        assert!(cb.tx_acks < u64::from(n) / 3, "ACKs {} for {n} messages", cb.tx_acks);
+    }
+
+    #[test]
+    fn retries_exhaust_and_name_psn() {
+        let mut a = RcConnection::new(cfg(1, 2, 4));
+        let mut buf = vec![0u8; 2048];
+        a.send(None, b"x").unwrap();
+        let mut now = Time::ZERO;
+        let mut failure = None;
+        for _ in 0..100 {
+            while a.poll_transmit(now, &mut buf).is_some() {}
+            now = a.poll_timeout().unwrap_or(now);
+            if let Some(f) = a.handle_timeout(now) {
+                failure = Some(f);
+                break;
+            }
+        }
+        let f = failure.expect("fails");
+        assert_eq!(f.psn(), Psn::new(0xFF_FFF1));
+        assert!(matches!(f, RcFailure::RetriesExhausted { retries: 12, .. }));
+        assert!(matches!(a.send(None, b"y"), Err(SendError::Failed(_))));
+    }
+
+    /// Our ACK is stuck behind a stream of the peer's requests on a slow way back: no
+    /// timeout while they arrive, one RTO after the last.
+    #[test]
+    fn peer_requests_ahead_of_the_ack_hold_the_timer() {
+        let mut a = RcConnection::new(cfg(1, 2, 4));
+        let mut buf = vec![0u8; 2048];
+        a.send(None, b"x").unwrap();
+        let start = Time::ZERO;
+        assert!(a.poll_transmit(start, &mut buf).is_some());
+        let rto = a.poll_timeout().expect("timer armed") - start;
+        let mut psn = Psn::new(0xFF_FFF2);
+        let mut now = start;
+        // The peer's requests arrive every RTO/4 for 3 RTOs.
+        for _ in 0..12 {
+            now += rto / 4;
+            assert_eq!(a.handle_timeout(now), None);
+            let bth = inc_wire::BthRepr::new(inc_wire::Opcode::RcSendOnly, 0x101, psn);
+            assert_eq!(a.on_packet(now, &bth, None), Inbound::Request);
+            a.accept(now);
+            psn = psn.next();
+        }
+        assert_eq!(a.counters().timeouts, 0);
+        let last = now;
+        a.handle_timeout(last + (rto - Duration::from_nanos(1)));
+        assert_eq!(a.counters().timeouts, 0);
+        a.handle_timeout(last + rto);
+        assert_eq!(a.counters().timeouts, 1, "the timer still fires once they stop");
+    }
+}

@@ -1,0 +1,141 @@
+//! The responder half of an RC connection: expected PSN and MSN, one NAK per gap,
+//! re-ACKed duplicates, coalesced ACKs and RNR NAKs.
+
+use inc_wire::{AethRepr, AethSyndrome, NakCode, Psn};
+
+use super::{Inbound, RcConnection};
+use crate::time::Time;
+
+/// The single response the responder owes: each later event supersedes earlier ones
+/// because every response is cumulative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Response {
+    Ack,
+    SeqNak,
+    Rnr,
+}
+
+impl RcConnection {
+    pub(super) fn on_request(&mut self, now: Time, psn: Psn, ack_req: bool) -> Inbound {
+        let d = psn.distance(self.epsn);
+        let win = self.cfg.timers.psn_window as i32;
+        if d.abs() <= win {
+            self.on_peer_request(now);
+        }
+        if d == 0 {
+            self.awaiting = Some((psn, ack_req));
+            return Inbound::Request;
+        }
+        if d.abs() > win {
+            self.counters.rx_psn_out_of_window += 1;
+            return Inbound::Dropped;
+        }
+        if d < 0 {
+            // C9-105: re-ACK duplicates with the latest state, do not re-process.
+            self.counters.rx_duplicates += 1;
+            // An owed NAK already implies this ACK; keep it.
+            if self.pending.is_none() {
+                self.pending = Some(Response::Ack);
+            }
+        } else {
+            self.counters.rx_out_of_order += 1;
+            if !self.nak_sent {
+                self.nak_sent = true;
+                self.pending = Some(Response::SeqNak);
+            }
+        }
+        Inbound::Handled
+    }
+
+    /// Accepts the request returned by [`on_packet`](Self::on_packet).
+    pub fn accept(&mut self, now: Time) {
+        let Some((_, ack_req)) = self.awaiting.take() else { return };
+        self.epsn = self.epsn.next();
+        self.msn = (self.msn + 1) & Psn::MASK;
+        self.nak_sent = false;
+        self.counters.rx_requests += 1;
+        self.unacked += 1;
+        if ack_req || self.unacked >= self.cfg.timers.ack_coalesce {
+            self.pending = Some(Response::Ack);
+        } else if self.pending.is_none() && self.ack_due.is_none() {
+            self.ack_due = Some(now + self.cfg.timers.ack_delay);
+        }
+    }
+
+    /// Refuses the request returned by [`on_packet`](Self::on_packet) with an RNR NAK;
+    /// the peer resends it after the RNR timer.
+    pub fn reject_rnr(&mut self) {
+        if self.awaiting.take().is_some() {
+            self.pending = Some(Response::Rnr);
+            // The packets behind the refused one are a gap the RNR NAK already reports.
+            self.nak_sent = true;
+        }
+    }
+
+    /// Whether an ACK/NAK is owed now (a delayed ACK falls due here).
+    pub(super) fn response_owed(&mut self, now: Time) -> bool {
+        if self.ack_due.is_some_and(|due| due <= now) && self.pending.is_none() {
+            self.pending = Some(Response::Ack);
+        }
+        self.pending.is_some()
+    }
+
+    /// Writes the owed ACK/NAK to `buf`; `None` (and still owed) if `buf` is too small.
+    pub(super) fn emit_response(&mut self, buf: &mut [u8]) -> Option<usize> {
+        let resp = self.pending.take()?;
+        let (psn, syndrome) = match resp {
+            Response::Ack => (self.epsn.wrapping_sub(1), AethSyndrome::ACK),
+            Response::SeqNak => (self.epsn, AethSyndrome::Nak(NakCode::PsnSequenceError)),
+            Response::Rnr => (self.epsn, AethSyndrome::RnrNak { timer: self.cfg.timers.rnr_timer }),
+        };
+        let len = self.cfg.addr.emit_ack(buf, psn, AethRepr { syndrome, msn: self.msn });
+        if len.is_none() {
+            self.pending = Some(resp);
+            return None;
+        }
+        match resp {
+            Response::Ack => self.counters.tx_acks += 1,
+            Response::SeqNak => self.counters.tx_seq_naks += 1,
+            Response::Rnr => self.counters.tx_rnr_naks += 1,
+        }
+        self.unacked = 0;
+        self.ack_due = None;
+        len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use inc_wire::{BthRepr, RoceRepr};
+
+    use super::super::tests::cfg;
+    use super::*;
+
+    #[test]
+    fn duplicate_reacked_and_far_psn_dropped() {
+        let mut b = RcConnection::new(cfg(2, 1, 4));
+        let now = Time::ZERO;
+        let start = Psn::new(0xFF_FFF1);
+        let bth = |psn: Psn| BthRepr::new(inc_wire::Opcode::RcSendOnly, 0x102, psn);
+        assert_eq!(b.on_packet(now, &bth(start), None), Inbound::Request);
+        b.accept(now);
+        assert_eq!(b.on_packet(now, &bth(start), None), Inbound::Handled);
+        assert_eq!(b.counters().rx_duplicates, 1);
+        assert_eq!(b.on_packet(now, &bth(start + 1_000_000), None), Inbound::Dropped);
+        // Gap: one NAK only.
+        assert_eq!(b.on_packet(now, &bth(start + 3), None), Inbound::Handled);
+        assert_eq!(b.on_packet(now, &bth(start + 4), None), Inbound::Handled);
+        let mut buf = vec![0u8; 256];
+        let mut naks = 0;
+        while let Some(len) = b.poll_transmit(now, &mut buf) {
+            let f = RoceRepr::parse(&buf[..len]).unwrap();
+            let aeth = f.repr.ext.aeth.unwrap();
+            if aeth.syndrome == AethSyndrome::Nak(NakCode::PsnSequenceError) {
+                naks += 1;
+                assert_eq!(f.repr.bth.psn, start + 1);
+                assert_eq!(aeth.msn, 1);
+            }
+        }
+        assert_eq!(naks, 1);
+    }
+}
