@@ -6,7 +6,8 @@
 # loading of the larger file.
 #
 #   rxe_kernel CACHE            -> prints the kernel version; vmlinuz in CACHE/kern/boot
-#   rxe_base_initramfs CACHE KV -> CACHE/base-KV.cpio (built once)
+#   rxe_base_initramfs CACHE KV -> CACHE/base-KV-HASH.cpio (built once per version of
+#                                  /init and of this file)
 #   rxe_run_archive DIR OUT BIN... -> OUT: /inc/<bins>, /inc/run (DIR/run), /inc/host.token
 #                                     (DIR/host.token, if there) and their libraries
 
@@ -42,8 +43,10 @@ _rxe_copy_with_libs() {
 }
 
 rxe_base_initramfs() {
-    local cache="$1" kv="$2" out r m f a
-    out="$cache/base-$kv.cpio"
+    local cache="$1" kv="$2" out r m f a h
+    # Keyed by the guest's /init and this builder too, so an edit of either rebuilds it.
+    h="$(cat "$(dirname "${BASH_SOURCE[0]}")/rxe-init" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)"
+    out="$cache/base-$kv-$h.cpio"
     [ -s "$out" ] && { echo "$out"; return 0; }
     r="$(mktemp -d "$cache/root.XXXX")"
     mkdir -p "$r"/{bin,sbin,etc,proc,sys,dev,tmp,run,root,usr/bin,usr/sbin,lib64,lib/modules}
