@@ -87,81 +87,58 @@ pub struct Plan {
     pub links: Vec<Link>,
 }
 
-fn field<'a>(f: &[&'a str], i: usize, line: &str) -> anyhow::Result<&'a str> {
-    f.get(i).copied().with_context(|| format!("plan line `{line}` has no field {}", i + 1))
-}
-
-fn ip_of(s: &str, line: &str) -> anyhow::Result<Ipv4Addr> {
-    s.split('/').next().unwrap_or(s).parse().with_context(|| format!("bad address in `{line}`"))
-}
-
 impl Plan {
-    /// Parse the text of `inc-controller plan`.
+    /// Parse the text of `inc-controller plan` (with the controller's own parser).
     pub fn parse(text: &str) -> anyhow::Result<Plan> {
-        let mut p = Plan {
-            ctrl_ns: String::new(),
-            ctrl_addr: String::new(),
-            switches: vec![],
-            ports: vec![],
-            hosts: vec![],
-            links: vec![],
-        };
-        let mut switch_of_ns = HashMap::new();
-        let mut veths = Vec::new();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            match f.first().copied() {
-                Some("controller") => {
-                    p.ctrl_ns = field(&f, 1, line)?.into();
-                    p.ctrl_addr = field(&f, 2, line)?.into();
-                }
-                Some("netns") if field(&f, 2, line)? == "switch" => {
-                    switch_of_ns.insert(field(&f, 1, line)?.to_string(), field(&f, 3, line)?);
-                }
-                Some("veth") => veths.push(f.clone()),
-                Some("switch") => p.switches.push(Switch {
-                    name: field(&f, 1, line)?.into(),
-                    id: field(&f, 2, line)?
-                        .parse()
-                        .with_context(|| format!("bad id in `{line}`"))?,
-                    ns: field(&f, 3, line)?.into(),
-                }),
-                Some("port") => p.ports.push(Port {
-                    switch: field(&f, 1, line)?.into(),
-                    name: field(&f, 2, line)?.into(),
-                    ns: field(&f, 3, line)?.into(),
-                    ifname: field(&f, 4, line)?.into(),
-                    ip: ip_of(field(&f, 5, line)?, line)?,
-                    mac: field(&f, 6, line)?.into(),
-                    prefix_len: field(&f, 7, line)?.parse().context("bad prefix")?,
-                }),
-                Some("host") => p.hosts.push(Host {
-                    name: field(&f, 1, line)?.into(),
-                    ns: field(&f, 2, line)?.into(),
-                    ifname: field(&f, 3, line)?.into(),
-                    ip: ip_of(field(&f, 4, line)?, line)?,
-                    mgmt_ip: ip_of(field(&f, 6, line)?, line)?,
-                    prefix_len: field(&f, 7, line)?.parse().context("bad prefix")?,
-                    switch: field(&f, 8, line)?.into(),
-                    port: field(&f, 9, line)?.into(),
-                }),
-                _ => {}
-            }
+        let p = inc_controller::plan::ParsedPlan::parse(text)?;
+        if p.hosts.len() < 2 {
+            bail!("plan has fewer than two hosts");
         }
-        for f in veths {
-            let line = f.join(" ");
-            let (na, nb) = (field(&f, 1, &line)?, field(&f, 5, &line)?);
-            if let (Some(sa), Some(sb)) = (switch_of_ns.get(na), switch_of_ns.get(nb)) {
-                p.links.push(Link {
-                    a: (sa.to_string(), field(&f, 2, &line)?.into()),
-                    b: (sb.to_string(), field(&f, 6, &line)?.into()),
-                });
-            }
-        }
-        if p.ctrl_ns.is_empty() || p.switches.is_empty() || p.hosts.len() < 2 {
-            bail!("plan has no controller, no switch or fewer than two hosts");
-        }
-        Ok(p)
+        let links = p
+            .veths
+            .iter()
+            .filter_map(|v| {
+                let (sa, sb) = (p.switch_in(&v.a.0)?, p.switch_in(&v.b.0)?);
+                Some(Link { a: (sa.into(), v.a.1.clone()), b: (sb.into(), v.b.1.clone()) })
+            })
+            .collect();
+        Ok(Plan {
+            switches: p
+                .switches
+                .iter()
+                .map(|s| Switch { name: s.name.clone(), id: s.id, ns: s.ns.clone() })
+                .collect(),
+            ports: p
+                .ports
+                .iter()
+                .map(|q| Port {
+                    switch: q.switch.clone(),
+                    name: q.port.clone(),
+                    ns: q.ns.clone(),
+                    ifname: q.ifname.clone(),
+                    ip: q.ip,
+                    mac: q.mac.to_string(),
+                    prefix_len: q.prefix_len,
+                })
+                .collect(),
+            hosts: p
+                .hosts
+                .iter()
+                .map(|h| Host {
+                    name: h.name.clone(),
+                    ns: h.ns.clone(),
+                    ifname: h.ifname.clone(),
+                    ip: h.ip,
+                    prefix_len: h.prefix_len,
+                    mgmt_ip: h.mgmt,
+                    switch: h.switch.clone(),
+                    port: h.port.clone(),
+                })
+                .collect(),
+            ctrl_ns: p.controller_ns,
+            ctrl_addr: p.controller_addr,
+            links,
+        })
     }
 
     /// The port `switch:port`.

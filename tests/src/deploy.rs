@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -21,150 +20,8 @@ use serde_json::Value;
 
 use crate::netns::{bin_dir, repo_root, TeardownGuard};
 
-/// A switch of the plan.
-#[derive(Debug, Clone)]
-pub struct PlanSwitch {
-    /// Name.
-    pub name: String,
-    /// Topology id.
-    pub id: u32,
-    /// Namespace.
-    pub ns: String,
-}
-
-/// A switch port of the plan.
-#[derive(Debug, Clone)]
-pub struct PlanPort {
-    /// Switch name.
-    pub switch: String,
-    /// Port name.
-    pub port: String,
-    /// Namespace of the interface.
-    pub ns: String,
-    /// Interface name.
-    pub ifname: String,
-    /// Address the switch serves.
-    pub ip: Ipv4Addr,
-    /// MAC the switch uses.
-    pub mac: [u8; 6],
-}
-
-/// A host of the plan.
-#[derive(Debug, Clone)]
-pub struct PlanHost {
-    /// Name.
-    pub name: String,
-    /// Namespace.
-    pub ns: String,
-    /// Data-plane interface.
-    pub ifname: String,
-    /// Data-plane address.
-    pub ip: Ipv4Addr,
-    /// Data-plane MAC.
-    pub mac: [u8; 6],
-    /// Management address (bootstrap of the ranks).
-    pub mgmt: Ipv4Addr,
-    /// Switch it attaches to.
-    pub switch: String,
-    /// Port of that switch.
-    pub port: String,
-}
-
-/// What `inc-controller plan` prints, as far as the tests need it.
-#[derive(Debug, Clone, Default)]
-pub struct Plan {
-    /// Controller namespace.
-    pub controller_ns: String,
-    /// Controller address `ip:port`.
-    pub controller_addr: String,
-    /// Switches.
-    pub switches: Vec<PlanSwitch>,
-    /// Switch ports.
-    pub ports: Vec<PlanPort>,
-    /// Hosts, by rank.
-    pub hosts: Vec<PlanHost>,
-    /// Data links: `((ns, ifname), (ns, ifname))` of both ends.
-    pub veths: Vec<((String, String), (String, String))>,
-}
-
-fn mac(s: &str) -> Result<[u8; 6], String> {
-    let v: Vec<u8> = s.split(':').filter_map(|b| u8::from_str_radix(b, 16).ok()).collect();
-    v.try_into().map_err(|_| format!("bad MAC `{s}` in plan"))
-}
-
-impl Plan {
-    /// Parse the plan text.
-    pub fn parse(text: &str) -> Result<Plan, String> {
-        let mut p = Plan::default();
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let bad = || format!("bad plan line `{line}`");
-            match f.first().copied() {
-                Some("controller") if f.len() >= 3 => {
-                    p.controller_ns = f[1].into();
-                    p.controller_addr = f[2].into();
-                }
-                Some("switch") if f.len() >= 4 => p.switches.push(PlanSwitch {
-                    name: f[1].into(),
-                    id: f[2].parse().map_err(|_| bad())?,
-                    ns: f[3].into(),
-                }),
-                Some("port") if f.len() >= 7 => p.ports.push(PlanPort {
-                    switch: f[1].into(),
-                    port: f[2].into(),
-                    ns: f[3].into(),
-                    ifname: f[4].into(),
-                    ip: f[5].parse().map_err(|_| bad())?,
-                    mac: mac(f[6])?,
-                }),
-                Some("veth") if f.len() >= 7 => {
-                    p.veths.push(((f[1].into(), f[2].into()), (f[5].into(), f[6].into())))
-                }
-                Some("host") if f.len() >= 10 => p.hosts.push(PlanHost {
-                    name: f[1].into(),
-                    ns: f[2].into(),
-                    ifname: f[3].into(),
-                    ip: f[4].parse().map_err(|_| bad())?,
-                    mac: mac(f[5])?,
-                    mgmt: f[6].parse().map_err(|_| bad())?,
-                    switch: f[8].into(),
-                    port: f[9].into(),
-                }),
-                _ => {}
-            }
-        }
-        if p.controller_ns.is_empty() || p.switches.is_empty() || p.hosts.is_empty() {
-            return Err(format!("plan without controller, switches or hosts:\n{text}"));
-        }
-        Ok(p)
-    }
-
-    /// The switch named `name`.
-    pub fn switch(&self, name: &str) -> &PlanSwitch {
-        self.switches.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no switch {name}"))
-    }
-
-    /// The far end `(ns, ifname)` of the link whose one end is `ifname` in `ns`.
-    pub fn peer_of(&self, ns: &str, ifname: &str) -> Option<(String, String)> {
-        self.veths.iter().find_map(|(a, b)| {
-            if a.0 == ns && a.1 == ifname {
-                Some(b.clone())
-            } else if b.0 == ns && b.1 == ifname {
-                Some(a.clone())
-            } else {
-                None
-            }
-        })
-    }
-
-    /// The port `switch:port`.
-    pub fn port(&self, switch: &str, port: &str) -> &PlanPort {
-        self.ports
-            .iter()
-            .find(|p| p.switch == switch && p.port == port)
-            .unwrap_or_else(|| panic!("no port {switch}:{port}"))
-    }
-}
+/// What `inc-controller plan` prints, read back by the controller's own parser.
+pub use inc_controller::plan::{ParsedPlan as Plan, PlanHost, PlanPort, PlanSwitch};
 
 /// How one host process ended.
 #[derive(Debug)]
@@ -395,7 +252,11 @@ impl Deployment {
 
     /// Start (or restart) the process of switch `name`.
     pub fn start_switch(&mut self, name: &str) {
-        let sw = self.plan.switch(name).clone();
+        let sw = self
+            .plan
+            .switch(name)
+            .unwrap_or_else(|| panic!("no switch {name} in the plan"))
+            .clone();
         let mut args = vec![
             "run".to_string(),
             "--backend".into(),
@@ -440,7 +301,7 @@ impl Deployment {
 
     /// The counters of switch `name` (`inc-switch stats`), or `None` if it does not answer.
     pub fn try_stats(&self, name: &str) -> Option<Value> {
-        let sw = self.plan.switch(name);
+        let sw = self.plan.switch(name).unwrap_or_else(|| panic!("no switch {name} in the plan"));
         let out = Command::new("ip")
             .args(["netns", "exec", &sw.ns])
             .arg(bin_dir().join("inc-switch"))

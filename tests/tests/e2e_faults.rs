@@ -312,11 +312,11 @@ fn garbage_into_a_running_switch_is_dropped_and_counted() {
         .find(|c| c["peer"]["host"]["rank"] == 0)
         .and_then(|c| c["local_qpn"].as_u64())
         .expect("connection of rank 0") as u32;
-    let port = d.plan.port(&leaf, &h0.port).clone();
+    let port = d.plan.port(&leaf, &h0.port).expect("h0's switch port in the plan").clone();
     let target = Target {
-        port_mac: port.mac,
+        port_mac: port.mac.0,
         port_ip: port.ip,
-        host_mac: h0.mac,
+        host_mac: h0.mac.0,
         host_ip: h0.ip,
         spoof_ip: h1.ip,
         known_qpn,
@@ -326,7 +326,7 @@ fn garbage_into_a_running_switch_is_dropped_and_counted() {
     let mut sniffers: Vec<Sniffer> =
         d.plan.hosts[1..].iter().map(|h| Sniffer::open(&h.ns, &h.ifname)).collect();
     let up = d.plan.ports.iter().find(|p| p.switch == leaf && p.port == "up").expect("uplink");
-    let (root_ns, root_if) = d.plan.peer_of(&up.ns, &up.ifname).expect("uplink peer");
+    let (root_ns, root_if) = d.plan.peer_of(&up.ns, &up.ifname).expect("uplink peer").clone();
     sniffers.push(Sniffer::open(&root_ns, &root_if));
     let mut inj = Injector::open(&h0.ns, &h0.ifname);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
