@@ -301,7 +301,9 @@ fn garbage_into_a_running_switch_is_dropped_and_counted() {
     let d = Deployment::up(&prefix, T124, &[]);
     let (h0, h1) = (d.plan.hosts[0].clone(), d.plan.hosts[1].clone());
     let leaf = h0.switch.clone();
-    let run = d.start_hosts(0, "inccl-allreduce", COUNT_16M, &["--iters", "3"], &[]);
+    // Long enough to outlast the paced garbage and the flood (about 1 s on a quiet
+    // machine): a spoofed frame for a QPN that is already gone counts as unknown_qpn.
+    let run = d.start_hosts(0, "inccl-allreduce", COUNT_16M, &["--iters", "20"], &[]);
     let stats = wait_for_comm(&d, &leaf);
     let comm = &stats["switches"][0]["engine"]["comms"][0];
     let conns = comm["connections"].as_array().expect("connections");
@@ -368,6 +370,13 @@ fn garbage_into_a_running_switch_is_dropped_and_counted() {
     inj.flush();
     let flood_secs = flood_start.elapsed().as_secs_f64();
     let not_sent = inj.tx_dropped();
+    let comms_after_flood =
+        d.stats(&leaf)["switches"][0]["engine"]["comms"].as_array().map_or(0, Vec::len);
+    assert!(
+        comms_after_flood > 0,
+        "the collective ended before the flood did (the expected counts assume it ran): \
+         make it longer"
+    );
 
     let out = run.wait(Duration::from_secs(180));
     assert_all_pass(&d, "allreduce under garbage", &out);
@@ -378,7 +387,7 @@ fn garbage_into_a_running_switch_is_dropped_and_counted() {
     let flood_ring_lost =
         port_io(&after, &h0.port, "rx_dropped") - port_io(&paced, &h0.port, "rx_dropped");
 
-    println!("\ngarbage into switch {leaf} port {} while a 3 x 16 MiB AllReduce ran:", h0.port);
+    println!("\ngarbage into switch {leaf} port {} while a 20 x 16 MiB AllReduce ran:", h0.port);
     println!("  paced, by kind: {by_kind:?}");
     println!("  paced, expected drops by reason: {expected:?}");
     println!("  paced, counted drops by reason:  {paced_drops:?} (ring overflow {ring_lost})");
