@@ -31,6 +31,18 @@ impl VethPair {
         let b = format!("{prefix}-{}-{tag}-b", std::process::id());
         let pair = VethPair { names: vec![a.clone(), b.clone()] };
         assert!(ip(&["netns", "add", &a]) && ip(&["netns", "add", &b]));
+        // No IPv6 on the test links: its router solicitations, MLD reports and DAD
+        // probes would land in the rings of tests that expect an idle link.
+        for ns in [&a, &b] {
+            for key in ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+            {
+                let ok = Command::new("ip")
+                    .args(["netns", "exec", ns, "sysctl", "-qw", key])
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "sysctl {key} in {ns}");
+            }
+        }
         assert!(ip(&[
             "-n", &a, "link", "add", "a0", "type", "veth", "peer", "name", "b0", "netns", &b
         ]));
