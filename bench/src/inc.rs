@@ -113,7 +113,7 @@ impl Fabric {
             cmd.arg("--switch").arg(format!("{}:{}", s.id, s.name));
         }
         for p in &plan.ports {
-            cmd.arg("--port").arg(format!("{}:{}={}/{}", p.switch, p.name, p.ns, p.ifname));
+            cmd.arg("--port").arg(format!("{}:{}={}/{}", p.switch, p.port, p.ns, p.ifname));
         }
         let log = logs.join(format!("switch-{backend}.log"));
         let mut switch = Proc::spawn("inc-switch", &mut cmd, Some(&log))?;
@@ -279,7 +279,7 @@ pub fn run_hosts(
     let world = plan.hosts.len();
     let bytes = if spec.coll == Coll::Barrier { 0 } else { spec.count * 4 };
     let program = bins.join(format!("inccl-{}", spec.coll.name()));
-    let master = format!("{}:{}", plan.hosts[0].mgmt_ip, spec.master_port);
+    let master = format!("{}:{}", plan.hosts[0].mgmt, spec.master_port);
     let tag = format!("{system}-{}-{}-{bytes}", spec.coll.name(), spec.dtype);
     let before_sw = fabric.snapshot()?;
     let before_if = host_counters(plan)?;

@@ -61,13 +61,13 @@ impl KernelForwarding {
         }
         for p in &plan.ports {
             // Host ports of one switch share a subnet; /32 plus host routes keep them apart.
-            let len = if link_port(&p.switch, &p.name) { p.prefix_len } else { 32 };
+            let len = if link_port(&p.switch, &p.port) { p.prefix_len } else { 32 };
             let addr = format!("{}/{len}", p.ip);
             k.apply(
                 v(&["ip", "-n", &p.ns, "addr", "add", &addr, "dev", &p.ifname]),
                 v(&["ip", "-n", &p.ns, "addr", "del", &addr, "dev", &p.ifname]),
             )?;
-            if !link_port(&p.switch, &p.name) {
+            if !link_port(&p.switch, &p.port) {
                 let key = format!("net.ipv4.conf.{}.proxy_arp", p.ifname);
                 k.apply(
                     v(&["ip", "netns", "exec", &p.ns, "sysctl", "-qw", &format!("{key}=1")]),

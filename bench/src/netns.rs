@@ -2,7 +2,6 @@
 //! and down with the project's scripts, and interface counters.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -10,56 +9,8 @@ use anyhow::{bail, Context};
 
 use crate::procs::run_quiet;
 
-/// A switch port.
-#[derive(Debug, Clone)]
-pub struct Port {
-    /// Switch name.
-    pub switch: String,
-    /// Port name (also the interface name in the switch's namespace).
-    pub name: String,
-    /// Switch namespace.
-    pub ns: String,
-    /// Interface name.
-    pub ifname: String,
-    /// Address.
-    pub ip: Ipv4Addr,
-    /// MAC.
-    pub mac: String,
-    /// Prefix length.
-    pub prefix_len: u8,
-}
-
-/// A host.
-#[derive(Debug, Clone)]
-pub struct Host {
-    /// Name (h0 ...).
-    pub name: String,
-    /// Namespace.
-    pub ns: String,
-    /// Data interface.
-    pub ifname: String,
-    /// Data address.
-    pub ip: Ipv4Addr,
-    /// Prefix length of the data address.
-    pub prefix_len: u8,
-    /// Management address.
-    pub mgmt_ip: Ipv4Addr,
-    /// Switch it is attached to.
-    pub switch: String,
-    /// Port of that switch.
-    pub port: String,
-}
-
-/// A switch.
-#[derive(Debug, Clone)]
-pub struct Switch {
-    /// Name.
-    pub name: String,
-    /// Id.
-    pub id: u32,
-    /// Namespace.
-    pub ns: String,
-}
+/// The plan's switches, ports and hosts, as the controller's plan reader gives them.
+pub use inc_controller::plan::{PlanHost as Host, PlanPort as Port, PlanSwitch as Switch};
 
 /// A switch-to-switch link.
 #[derive(Debug, Clone)]
@@ -103,40 +54,11 @@ impl Plan {
             })
             .collect();
         Ok(Plan {
-            switches: p
-                .switches
-                .iter()
-                .map(|s| Switch { name: s.name.clone(), id: s.id, ns: s.ns.clone() })
-                .collect(),
-            ports: p
-                .ports
-                .iter()
-                .map(|q| Port {
-                    switch: q.switch.clone(),
-                    name: q.port.clone(),
-                    ns: q.ns.clone(),
-                    ifname: q.ifname.clone(),
-                    ip: q.ip,
-                    mac: q.mac.to_string(),
-                    prefix_len: q.prefix_len,
-                })
-                .collect(),
-            hosts: p
-                .hosts
-                .iter()
-                .map(|h| Host {
-                    name: h.name.clone(),
-                    ns: h.ns.clone(),
-                    ifname: h.ifname.clone(),
-                    ip: h.ip,
-                    prefix_len: h.prefix_len,
-                    mgmt_ip: h.mgmt,
-                    switch: h.switch.clone(),
-                    port: h.port.clone(),
-                })
-                .collect(),
             ctrl_ns: p.controller_ns,
             ctrl_addr: p.controller_addr,
+            switches: p.switches,
+            ports: p.ports,
+            hosts: p.hosts,
             links,
         })
     }
@@ -145,7 +67,7 @@ impl Plan {
     pub fn port(&self, switch: &str, port: &str) -> anyhow::Result<&Port> {
         self.ports
             .iter()
-            .find(|p| p.switch == switch && p.name == port)
+            .find(|p| p.switch == switch && p.port == port)
             .with_context(|| format!("plan has no port {switch}:{port}"))
     }
 
