@@ -81,6 +81,17 @@ for i in "${!CUR[@]}"; do
     # veth leaves TX checksums to an offload that never happens for frames that stay
     # virtual; RoCE receivers drop such packets.
     ethtool -K "$dev" tx off >/dev/null 2>&1 || { [ "$ROLE" != host ] || die "ethtool -K $dev tx off failed"; }
+    if [ "$ROLE" = switch ] && [ "$dev" != mgmt0 ] && command -v nft >/dev/null; then
+        # Drop every data frame at nftables ingress, behind the switch's packet sockets
+        # and XDP (which see it first): otherwise the kernel also receives each one,
+        # looks up a route for an address it does not own and drops it, a few percent
+        # of the switch's CPU. Same as scripts/netns-up.
+        t=inc_switch_ports c="port_${dev//[^A-Za-z0-9_]/_}"
+        { nft add table netdev $t &&
+            nft add chain netdev $t "$c" "{ type filter hook ingress device \"$dev\" priority 0; policy accept; }" &&
+            nft add rule netdev $t "$c" drop; } ||
+            log "nftables ingress drop on $dev failed: the kernel keeps receiving its frames (slower, not wrong)"
+    fi
     ip link set dev "$dev" up
     summary+=("$dev ${ADDR[$i]} ${MAC[$i]}")
 done

@@ -32,6 +32,19 @@ fn v(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| s.to_string()).collect()
 }
 
+/// nftables table of the switch-port ingress drops (`NETNS_SWITCH_PORT_TABLE` in
+/// `scripts/lib/netns.sh`).
+const PORT_DROP_TABLE: &str = "inc_switch_ports";
+
+/// Chain of one switch port's ingress drop, as `netns_switch_port_no_kernel_rx` names it.
+fn port_drop_chain(ifname: &str) -> String {
+    let safe: String = ifname
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .collect();
+    format!("port_{safe}")
+}
+
 fn same_subnet(a: Ipv4Addr, b: Ipv4Addr, prefix: u8) -> bool {
     let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix.min(32))) };
     u32::from(a) & mask == u32::from(b) & mask
@@ -45,6 +58,7 @@ impl KernelForwarding {
             plan.links.iter().any(|l| [&l.a, &l.b].iter().any(|e| e.0 == sw && e.1 == port))
         };
         for s in &plan.switches {
+            k.let_kernel_receive(plan, &s.ns)?;
             k.apply(
                 v(&[
                     "ip",
@@ -115,6 +129,33 @@ impl KernelForwarding {
         Ok(k)
     }
 
+    /// `scripts/netns-up` drops every frame of a switch port at nftables ingress (behind
+    /// the switch's packet sockets) so the kernel does not also process it; forwarding
+    /// needs those frames, so the drop rules go while this lasts.
+    fn let_kernel_receive(&mut self, plan: &Plan, ns: &str) -> anyhow::Result<()> {
+        let has_table = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", "list", "table", "netdev", PORT_DROP_TABLE])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !has_table {
+            return Ok(());
+        }
+        let restore: Vec<String> = plan
+            .ports
+            .iter()
+            .filter(|p| p.ns == ns)
+            .map(|p| {
+                format!("add rule netdev {PORT_DROP_TABLE} {} drop", port_drop_chain(&p.ifname))
+            })
+            .collect();
+        self.apply(
+            v(&["ip", "netns", "exec", ns, "nft", "flush", "table", "netdev", PORT_DROP_TABLE]),
+            v(&["ip", "netns", "exec", ns, "nft", &restore.join("; ")]),
+        )
+    }
+
     fn apply(&mut self, doit: Vec<String>, undo: Vec<String>) -> anyhow::Result<()> {
         run(&doit)?;
         self.undo.push(undo);
@@ -140,5 +181,11 @@ mod tests {
         assert!(same_subnet(ip("10.1.1.21"), ip("10.1.1.5"), 24));
         assert!(!same_subnet(ip("10.1.1.21"), ip("10.2.1.7"), 24));
         assert!(same_subnet(ip("1.2.3.4"), ip("9.9.9.9"), 0));
+    }
+
+    #[test]
+    fn port_drop_chains_are_named_as_netns_up_names_them() {
+        assert_eq!(port_drop_chain("h0"), "port_h0");
+        assert_eq!(port_drop_chain("up-1.x"), "port_up_1_x");
     }
 }
