@@ -520,7 +520,7 @@ impl Backend for AfPacketBackend {
         let n = self
             .epoll
             .wait(timeout, &mut events)
-            .map_err(|source| IoError::Sys { op: "epoll_wait", source })?;
+            .map_err(|source| IoError::Sys { op: "epoll wait", source })?;
         for ev in &events[..n] {
             let token = sys::token(ev);
             if token == u64::MAX {

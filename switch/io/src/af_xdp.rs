@@ -586,7 +586,7 @@ impl Backend for AfXdpBackend {
         let n = self
             .epoll
             .wait(timeout, &mut events)
-            .map_err(|source| IoError::Sys { op: "epoll_wait", source })?;
+            .map_err(|source| IoError::Sys { op: "epoll wait", source })?;
         for ev in &events[..n] {
             if sys::token(ev) == u64::MAX {
                 self.wake.drain();

@@ -269,7 +269,7 @@ impl Backend for PcapBackend {
         let n = self
             .epoll
             .wait(timeout, &mut events)
-            .map_err(|source| IoError::Sys { op: "epoll_wait", source })?;
+            .map_err(|source| IoError::Sys { op: "epoll wait", source })?;
         for ev in &events[..n] {
             if sys::token(ev) == u64::MAX {
                 self.wake.drain();

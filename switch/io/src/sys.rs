@@ -1,6 +1,6 @@
 //! System-call helpers of the backends. epoll, eventfd, namespace entry and interface
 //! lookup come from `nix`; what it does not cover (packet-socket options, interface
-//! ioctls) is thin, audited `libc`.
+//! ioctls, `epoll_pwait2`) is thin, audited `libc`.
 
 use std::fs::File;
 use std::io;
@@ -8,9 +8,11 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nix::errno::Errno;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::epoll::{self, EpollCreateFlags, EpollFlags, EpollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd as NixEventFd};
+use tracing::debug;
 
 use crate::backend::{IoError, Wake};
 
@@ -41,13 +43,24 @@ fn last() -> io::Error {
 #[derive(Debug)]
 pub(crate) struct Epoll {
     inner: epoll::Epoll,
+    /// `epoll_pwait2` is unavailable (kernel < 5.11, or a seccomp filter): wait with
+    /// `epoll_wait`.
+    no_pwait2: bool,
+}
+
+/// The kernel's `struct __kernel_timespec`, 64-bit on every architecture (unlike
+/// `libc::timespec`), as the raw `epoll_pwait2` system call reads it.
+#[repr(C)]
+struct KernelTimespec {
+    tv_sec: i64,
+    tv_nsec: i64,
 }
 
 impl Epoll {
     pub(crate) fn new() -> Result<Self, IoError> {
         let inner = epoll::Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| IoError::Sys { op: "epoll_create1", source: e.into() })?;
-        Ok(Epoll { inner })
+        Ok(Epoll { inner, no_pwait2: false })
     }
 
     /// Watch `fd` for readability.
@@ -55,14 +68,69 @@ impl Epoll {
         self.inner.add(fd, Event::new(EpollFlags::EPOLLIN, token)).map_err(io::Error::from)
     }
 
-    /// Wait for readiness; `None` blocks indefinitely. Timeouts are rounded up to whole
-    /// milliseconds so that a sub-millisecond deadline never turns into a busy loop.
-    /// Ready events are written to `events`; returns how many.
+    /// Wait for readiness; `None` blocks indefinitely, a signal returns 0 events. Ready
+    /// events are written to `events`; returns how many.
+    ///
+    /// The timeout is kept to the nanosecond (`epoll_pwait2`): `epoll_wait`'s whole
+    /// milliseconds made engine timers shorter than 1 ms fire up to 1 ms late. Where
+    /// `epoll_pwait2` is unavailable (kernel < 5.11, or refused by a seccomp filter) the
+    /// first wait finds out and every wait then uses `epoll_wait`, rounded up to
+    /// milliseconds.
     pub(crate) fn wait(
-        &self,
+        &mut self,
         timeout: Option<Duration>,
         events: &mut [Event],
     ) -> io::Result<usize> {
+        let mut res = if self.no_pwait2 {
+            self.wait_ms(timeout, events)
+        } else {
+            self.pwait2(timeout, events)
+        };
+        // An older seccomp filter (container runtimes) answers EPERM for a system call
+        // it does not know; epoll waits fail with EPERM for no other reason.
+        if matches!(res, Err(Errno::ENOSYS | Errno::EPERM)) && !self.no_pwait2 {
+            debug!("no epoll_pwait2 (kernel < 5.11 or filtered): waits round up to milliseconds");
+            self.no_pwait2 = true;
+            res = self.wait_ms(timeout, events);
+        }
+        match res {
+            Ok(n) => Ok(n),
+            Err(Errno::EINTR) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// `epoll_pwait2` without a signal mask. libc binds it for glibc >= 2.35 only; the
+    /// raw system call needs neither that glibc nor a 64-bit `time_t`.
+    fn pwait2(&self, timeout: Option<Duration>, events: &mut [Event]) -> Result<usize, Errno> {
+        // A timeout past `i64::MAX` seconds is as good as none; the kernel saturates.
+        let ts = timeout.map(|t| KernelTimespec {
+            tv_sec: i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(t.subsec_nanos()),
+        });
+        let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const KernelTimespec);
+        let max = events.len().min(i32::MAX as usize) as libc::c_long;
+        // Safety: the epoll fd stays open while `self` is borrowed; `events` is a live,
+        // writable array of at least `max` `epoll_event`s (`EpollEvent` is
+        // `repr(transparent)` over it); `ts_ptr` is null or points to a live
+        // `__kernel_timespec`; with a null signal mask the kernel ignores the mask size.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait2,
+                libc::c_long::from(self.inner.0.as_raw_fd()),
+                events.as_mut_ptr().cast::<libc::epoll_event>(),
+                max,
+                ts_ptr,
+                std::ptr::null::<libc::sigset_t>(),
+                0 as libc::c_long,
+            )
+        };
+        Errno::result(rc).map(|n| n as usize)
+    }
+
+    /// `epoll_wait`, the timeout rounded up to whole milliseconds so that a
+    /// sub-millisecond deadline never turns into a busy loop.
+    fn wait_ms(&self, timeout: Option<Duration>, events: &mut [Event]) -> Result<usize, Errno> {
         let timeout = match timeout {
             None => EpollTimeout::NONE,
             Some(t) => {
@@ -70,11 +138,7 @@ impl Epoll {
                 EpollTimeout::try_from(ms).unwrap_or(EpollTimeout::MAX)
             }
         };
-        match self.inner.wait(events, timeout) {
-            Ok(n) => Ok(n),
-            Err(nix::errno::Errno::EINTR) => Ok(0),
-            Err(e) => Err(e.into()),
-        }
+        self.inner.wait(events, timeout)
     }
 }
 
@@ -235,4 +299,66 @@ pub(crate) fn if_mac_mtu(ifname: &str) -> io::Result<([u8; 6], u32)> {
     use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
     let fd = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
     Ok((if_mac(fd.as_raw_fd(), ifname)?, if_mtu(fd.as_raw_fd(), ifname)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// An epoll watching an eventfd (token 7) nothing writes to.
+    fn idle_epoll() -> (Epoll, EventFd) {
+        let ep = Epoll::new().unwrap();
+        let fd = EventFd::new().unwrap();
+        ep.add(fd.fd(), 7).unwrap();
+        (ep, fd)
+    }
+
+    /// The shortest of 20 idle waits of `timeout`; each is checked to time out after at
+    /// least `timeout`.
+    fn shortest_idle_wait(ep: &mut Epoll, timeout: Duration) -> Duration {
+        let mut events = events::<4>();
+        (0..20)
+            .map(|_| {
+                let start = Instant::now();
+                let n = ep.wait(Some(timeout), &mut events).unwrap();
+                let took = start.elapsed();
+                assert_eq!(n, 0, "nothing was written");
+                assert!(took >= timeout, "woke after {took:?}, before the {timeout:?} timeout");
+                took
+            })
+            .min()
+            .unwrap()
+    }
+
+    #[test]
+    fn wait_times_out_below_a_millisecond() {
+        let (mut ep, _fd) = idle_epoll();
+        // epoll_wait rounded 300 us up to 1 ms; on a loaded machine single waits may
+        // still overshoot, the shortest of 20 may not.
+        let shortest = shortest_idle_wait(&mut ep, Duration::from_micros(300));
+        assert!(!ep.no_pwait2, "epoll_pwait2 is in every kernel since 5.11");
+        assert!(shortest < Duration::from_millis(1), "shortest 300 us wait took {shortest:?}");
+    }
+
+    #[test]
+    fn fallback_rounds_up_to_milliseconds() {
+        let (mut ep, _fd) = idle_epoll();
+        ep.no_pwait2 = true;
+        let shortest = shortest_idle_wait(&mut ep, Duration::from_micros(300));
+        assert!(shortest >= Duration::from_millis(1), "epoll_wait took {shortest:?}");
+    }
+
+    #[test]
+    fn wait_reports_ready_fd() {
+        let (mut ep, fd) = idle_epoll();
+        let mut events = events::<4>();
+        fd.wake();
+        // Blocking without a timeout ends at once: the eventfd is readable.
+        assert_eq!(ep.wait(None, &mut events).unwrap(), 1);
+        assert_eq!(token(&events[0]), 7);
+        fd.drain();
+        assert_eq!(ep.wait(Some(Duration::ZERO), &mut events).unwrap(), 0);
+    }
 }

@@ -13,14 +13,14 @@
 //! Inside a collective the caller's thread drives the engine; between collectives a
 //! progress thread does (ACKs, RNR NAKs, RC timers), as an RDMA NIC would, so the
 //! switch's RC connection never times out while the application computes. The thread
-//! sleeps in `poll` on the socket and the engine's next timer.
+//! sleeps in `ppoll` on the socket and the engine's next timer.
 
 mod port;
 mod sys;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -37,7 +37,7 @@ use nix::poll::PollFlags;
 use tracing::{debug, trace};
 
 use self::port::{Attachment, Inbox, SharedPort};
-use self::sys::{RecvMeta, BATCH};
+use self::sys::{wait, RecvMeta, BATCH};
 use super::{random_qpn_psn, Transport};
 use crate::config::CommConfig;
 use crate::error::{Error, Result};
@@ -162,7 +162,11 @@ impl RoceSocket {
             while done < n {
                 match sys::send_batch(self.sock.as_fd(), &pkts[done..n]) {
                     Ok(0) if Instant::now() < deadline => {
-                        wait(&[self.sock.as_fd()], PollFlags::POLLOUT, Duration::from_millis(10))?;
+                        wait(
+                            &[self.sock.as_fd()],
+                            PollFlags::POLLOUT,
+                            Some(Duration::from_millis(10)),
+                        )?;
                     }
                     // Full for too long: what is left is lost; RC resends it.
                     Ok(0) => {
@@ -247,7 +251,7 @@ impl RoceSocket {
 
     /// Wait up to `timeout` for a datagram; true if one is queued.
     pub fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        wait(&[self.sock.as_fd()], PollFlags::POLLIN, timeout)
+        wait(&[self.sock.as_fd()], PollFlags::POLLIN, Some(timeout))
     }
 }
 
@@ -333,7 +337,7 @@ impl Core {
 
     /// Wait up to `timeout` for a datagram on the socket or in this QP's inbox.
     fn wait_readable(&self, timeout: Duration) -> io::Result<bool> {
-        wait(&[self.io.sock.as_fd(), self.qp.inbox().wake_fd()], PollFlags::POLLIN, timeout)
+        wait(&[self.io.sock.as_fd(), self.qp.inbox().wake_fd()], PollFlags::POLLIN, Some(timeout))
     }
 
     fn fire_timers(&mut self) {
@@ -385,7 +389,6 @@ impl Drop for Progress {
 }
 
 fn progress_loop(core: Arc<Mutex<Core>>, sock: Arc<UdpSocket>, stop: Arc<AtomicBool>) {
-    use nix::poll::{poll, PollFd, PollTimeout};
     while !stop.load(Ordering::Relaxed) {
         let (timer, inbox) = {
             let mut c = lock(&core);
@@ -399,16 +402,8 @@ fn progress_loop(core: Arc<Mutex<Core>>, sock: Arc<UdpSocket>, stop: Arc<AtomicB
         if stop.load(Ordering::Relaxed) {
             break;
         }
-        let timeout = match timer {
-            // Round up so a sub-millisecond timer does not spin.
-            Some(t) => PollTimeout::from(t.as_nanos().div_ceil(1_000_000).min(60_000) as u16),
-            None => PollTimeout::NONE,
-        };
-        let mut fds = [
-            PollFd::new(sock.as_fd(), PollFlags::POLLIN),
-            PollFd::new(inbox.wake_fd(), PollFlags::POLLIN),
-        ];
-        poll(&mut fds, timeout).ok();
+        // A timer already due makes this return at once; `service_idle` fires it next.
+        wait(&[sock.as_fd(), inbox.wake_fd()], PollFlags::POLLIN, timer).ok();
         // While a collective runs, the caller holds the lock and this thread waits on
         // it above instead of spinning on the readable socket.
     }
@@ -546,6 +541,8 @@ impl Transport for UdpTransport {
                 return done.map_err(|e| self.fail(e.to_string()));
             }
             let stall_left = stall_limit.saturating_sub(last_rx.elapsed());
+            // A due timer makes this zero: the wait returns at once and `fire_timers`
+            // below handles it.
             let wait_for = c.next_timer().map_or(stall_left, |t| t.min(stall_left));
             let readable = c
                 .wait_readable(wait_for)
@@ -599,19 +596,6 @@ fn is_local_drop(e: &io::Error) -> bool {
                 | libc::ECONNREFUSED
         )
     )
-}
-
-/// Wait up to `timeout` for `events` on any of `fds`; true if one is ready.
-fn wait(fds: &[BorrowedFd<'_>], events: PollFlags, timeout: Duration) -> io::Result<bool> {
-    use nix::poll::{poll, PollFd, PollTimeout};
-    // Round up so a sub-millisecond timer does not become a busy loop.
-    let ms = timeout.as_nanos().div_ceil(1_000_000).min(u128::from(u16::MAX)) as u16;
-    let mut fds: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(*fd, events)).collect();
-    match poll(&mut fds, PollTimeout::from(ms)) {
-        Ok(n) => Ok(n > 0),
-        Err(nix::errno::Errno::EINTR) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
 }
 
 /// Write the Ethernet/IPv4/UDP headers in front of a received RoCEv2 datagram that

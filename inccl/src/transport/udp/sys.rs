@@ -1,16 +1,19 @@
-//! System calls of the userspace transport: socket options and batched UDP I/O
-//! (`sendmmsg`/`recvmmsg` through nix). `IP_MTU_DISCOVER` is the one option neither nix
+//! System calls of the userspace transport: socket options, batched UDP I/O
+//! (`sendmmsg`/`recvmmsg` through nix) and readiness waits (`ppoll`). `IP_MTU_DISCOVER` is the one option neither nix
 //! nor socket2 covers; its `setsockopt` is the only `unsafe` of the UDP transport.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem;
 use std::net::SocketAddrV4;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::socket::{
     recvmmsg, sendmmsg, setsockopt, sockopt, ControlMessage, MsgFlags, MultiHeaders, SockaddrIn,
 };
+use nix::sys::time::TimeSpec;
 
 /// Datagrams per system call.
 pub(crate) const BATCH: usize = 64;
@@ -67,6 +70,30 @@ pub(crate) fn send_batch(fd: BorrowedFd<'_>, pkts: &[(&[u8], SocketAddrV4)]) -> 
     {
         Ok(sent) => Ok(sent.count()),
         Err(Errno::EAGAIN) => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Longest single wait. Callers re-check their deadlines after every wake-up, and the
+/// bound keeps `tv_sec` in range of any `time_t`.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Wait up to `timeout` (`None`: until one is ready) for `events` on any of `fds`; true
+/// if one is ready, false on timeout or a signal.
+///
+/// `ppoll` takes nanoseconds: `poll`'s whole milliseconds made every engine timer
+/// shorter than 1 ms (ACK delay, tail probe) fire up to 1 ms late. A zero timeout
+/// returns at once; callers fire the due timer right after, so they do not spin.
+pub(crate) fn wait(
+    fds: &[BorrowedFd<'_>],
+    events: PollFlags,
+    timeout: Option<Duration>,
+) -> io::Result<bool> {
+    let mut fds: Vec<PollFd<'_>> = fds.iter().map(|fd| PollFd::new(*fd, events)).collect();
+    let timeout = timeout.map(|t| TimeSpec::from_duration(t.min(MAX_WAIT)));
+    match ppoll(&mut fds, timeout, None) {
+        Ok(n) => Ok(n > 0),
+        Err(Errno::EINTR) => Ok(false),
         Err(e) => Err(e.into()),
     }
 }
@@ -162,6 +189,41 @@ mod tests {
         }
         // Nothing queued: no blocking, zero.
         assert_eq!(recv_batch(rx.as_fd(), &mut slots, slot, 42, &mut meta).unwrap(), 0);
+    }
+
+    /// The shortest of 20 waits of `timeout` on a socket nothing is sent to; each is
+    /// checked to last at least `timeout`.
+    fn shortest_idle_wait(timeout: Duration) -> Duration {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        (0..20)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                let ready = wait(&[rx.as_fd()], PollFlags::POLLIN, Some(timeout)).unwrap();
+                let took = start.elapsed();
+                assert!(!ready, "nothing was sent");
+                assert!(took >= timeout, "woke after {took:?}, before the {timeout:?} timeout");
+                took
+            })
+            .min()
+            .unwrap()
+    }
+
+    #[test]
+    fn wait_times_out_below_a_millisecond() {
+        // poll() rounded 300 us up to 1 ms; on a loaded machine single waits may still
+        // overshoot, the shortest of 20 may not.
+        let shortest = shortest_idle_wait(Duration::from_micros(300));
+        assert!(shortest < Duration::from_millis(1), "shortest 300 us wait took {shortest:?}");
+    }
+
+    #[test]
+    fn wait_reports_readiness() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(!wait(&[rx.as_fd()], PollFlags::POLLIN, Some(Duration::ZERO)).unwrap());
+        tx.send_to(b"x", rx.local_addr().unwrap()).unwrap();
+        // Blocking without a timeout ends when the datagram is queued.
+        assert!(wait(&[tx.as_fd(), rx.as_fd()], PollFlags::POLLIN, None).unwrap());
     }
 
     #[test]
