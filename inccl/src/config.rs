@@ -11,6 +11,7 @@
 //! | `INCCL_LOCAL_IP` | data-plane IPv4 address (overrides the interface's; for hosts with several addresses) |
 //! | `INCCL_TRANSPORT` | `udp` (userspace RoCEv2, default) or `verbs` |
 //! | `INCCL_MTU`, `INCCL_WINDOW` | payload bytes per packet and window, passed to the controller |
+//! | `INCCL_UDP_GSO` | `auto` (default): the userspace transport sends runs of frames as UDP GSO sends when the kernel cuts them into datagrams itself (no transmit checksum offload on the interface); `off`: one datagram per send |
 
 use std::env;
 use std::net::Ipv4Addr;
@@ -178,6 +179,9 @@ pub struct CommConfig {
     pub window: Option<u32>,
     /// A collective with no progress for this long fails.
     pub op_timeout: Duration,
+    /// Userspace transport: batch frames into UDP GSO sends where that is safe
+    /// (`INCCL_UDP_GSO`, see the module table).
+    pub udp_gso: bool,
 }
 
 impl CommConfig {
@@ -189,6 +193,7 @@ impl CommConfig {
             mtu: None,
             window: None,
             op_timeout: DEFAULT_OP_TIMEOUT,
+            udp_gso: true,
         }
     }
 
@@ -212,6 +217,17 @@ impl CommConfig {
         }
         if let Some(ms) = env_parse::<u64>("INCCL_OP_TIMEOUT_MS")? {
             self.op_timeout = Duration::from_millis(ms);
+        }
+        if let Some(v) = env_str("INCCL_UDP_GSO") {
+            self.udp_gso = match v.as_str() {
+                "auto" => true,
+                "off" => false,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "environment variable INCCL_UDP_GSO=`{v}`: want auto or off"
+                    )))
+                }
+            };
         }
         Ok(())
     }

@@ -241,6 +241,13 @@ impl<B: Backend> EventLoop<B> {
                 };
                 match &res {
                     Ok(()) => {
+                        for c in &rules.connections {
+                            let host = matches!(c.peer, inc_ctrl_proto::Peer::Host { .. });
+                            let port = s.port_names.iter().position(|n| *n == c.port);
+                            if let (true, Some(lp)) = (host, port) {
+                                self.backend.set_host_port(s.port_base + lp);
+                            }
+                        }
                         s.communicators.insert(rules.comm_id);
                         info!(switch = %s.name, comm = rules.comm_id, "communicator installed");
                     }

@@ -201,6 +201,12 @@ pub trait Backend: Send + fmt::Debug {
         None
     }
 
+    /// The port faces an end host (a kernel IP stack behind the link), as the
+    /// installed rules say: a backend that can may hand runs of frames for it to the
+    /// kernel as one UDP GSO frame, which the host's kernel cuts into the datagrams
+    /// again. Never called for ports towards switches, whose backends read raw frames.
+    fn set_host_port(&mut self, _port: usize) {}
+
     /// Link emulation settings and counters of one port, if it is emulated (see
     /// [`LinkEmuBackend`](crate::link_emu::LinkEmuBackend)).
     fn link_emu_stats(&self, _port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {
@@ -326,6 +332,17 @@ impl TxStaging {
 
     fn frame(&self, i: usize, len: usize) -> &[u8] {
         &self.area[i * self.max_frame..i * self.max_frame + len]
+    }
+
+    /// Committed frame `i` (buffer index) of `len` bytes, as [`TxStaging::port_frames`]
+    /// reported it.
+    pub(crate) fn frame_at(&self, i: usize, len: usize) -> &[u8] {
+        self.frame(i, len)
+    }
+
+    /// The same, writable (a backend re-stamping headers before it sends).
+    pub(crate) fn frame_at_mut(&mut self, i: usize, len: usize) -> &mut [u8] {
+        &mut self.area[i * self.max_frame..i * self.max_frame + len]
     }
 
     /// Frames committed since the last [`TxStaging::clear`].

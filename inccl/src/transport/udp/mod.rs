@@ -18,7 +18,7 @@
 mod port;
 mod sys;
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,8 +45,14 @@ use crate::iface::DataPlane;
 
 /// Ethernet (14) + IPv4 (20) + UDP (8).
 pub(crate) const HEADERS: usize = 42;
-/// Bytes per packet buffer: headers + BTH + extension headers + 4096-byte payload + ICRC.
+/// Bytes per transmit buffer: headers + BTH + extension headers + 4096-byte payload +
+/// ICRC.
 const SLOT: usize = 4608;
+/// Bytes per receive buffer: headers + the largest UDP datagram, which UDP GRO fills
+/// with several frames a switch sent as one GSO frame.
+const RX_SLOT: usize = HEADERS + 65_536;
+/// Receive buffers per `recvmmsg`.
+const RX_BATCH: usize = 16;
 /// Socket buffer sizes; a full window of packets must fit in the receive buffer.
 const RCVBUF: usize = 16 << 20;
 const SNDBUF: usize = 4 << 20;
@@ -81,6 +87,8 @@ pub struct RoceSocket {
     tx: Vec<u8>,
     rx: Vec<u8>,
     stats: UdpStats,
+    /// Send runs of equal-size frames as UDP GSO sends.
+    gso: bool,
 }
 
 impl RoceSocket {
@@ -103,8 +111,9 @@ impl RoceSocket {
             local,
             mac,
             tx: vec![0; SLOT * BATCH],
-            rx: vec![0; SLOT * BATCH],
+            rx: vec![0; RX_SLOT * RX_BATCH],
             stats: UdpStats::default(),
+            gso: false,
         }
     }
 
@@ -119,9 +128,10 @@ impl RoceSocket {
     }
 
     /// Send frames to `to` until `next` has none: `next` writes one complete Ethernet
-    /// frame into the buffer it is given and returns its length. Sent in batches of up
-    /// to 64 per `sendmmsg`, waiting (bounded) while the socket buffer is full.
-    /// Returns frames sent.
+    /// frame into the buffer it is given and returns its length. Up to 64 frames per
+    /// `sendmmsg`, runs of equal-size frames as one UDP GSO send each when enabled
+    /// (see [`RoceSocket::set_gso`]), waiting (bounded) while the socket buffer is
+    /// full. Returns frames sent.
     pub fn send_frames(
         &mut self,
         to: SocketAddrV4,
@@ -151,47 +161,106 @@ impl RoceSocket {
             if n == 0 {
                 return Ok(sent);
             }
-            let mut pkts: [(&[u8], SocketAddrV4); BATCH] = [(&[], to); BATCH];
-            for (i, len) in lens[..n].iter().enumerate() {
-                pkts[i] = (&self.tx[i * SLOT + HEADERS..i * SLOT + len], to);
-                self.stats.tx_bytes += (len - HEADERS) as u64;
-            }
-            let mut done = 0;
-            let mut lost = 0;
-            let deadline = Instant::now() + SEND_BLOCKED_LIMIT;
-            while done < n {
-                match sys::send_batch(self.sock.as_fd(), &pkts[done..n]) {
-                    Ok(0) if Instant::now() < deadline => {
-                        wait(
-                            &[self.sock.as_fd()],
-                            PollFlags::POLLOUT,
-                            Some(Duration::from_millis(10)),
-                        )?;
-                    }
-                    // Full for too long: what is left is lost; RC resends it.
-                    Ok(0) => {
-                        debug!(socket = %self.local, %to, frames = n - done, "send buffer full: dropped");
-                        lost += n - done;
-                        done = n;
-                    }
-                    Ok(k) => done += k,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    // `sendmmsg` reports an error only for its first datagram.
-                    Err(e) if is_local_drop(&e) => {
-                        trace!(socket = %self.local, %to, error = %e, "datagram refused locally: lost");
-                        lost += 1;
-                        done += 1;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            self.send_batch(to, &lens[..n])?;
             sent += n;
-            self.stats.tx_packets += (n - lost) as u64;
-            self.stats.tx_dropped += lost as u64;
             if n < BATCH {
                 return Ok(sent);
             }
         }
+    }
+
+    /// Send the `lens.len()` frames staged in `tx`.
+    fn send_batch(&mut self, to: SocketAddrV4, lens: &[usize]) -> io::Result<()> {
+        let n = lens.len();
+        let mut runs = [(0usize, 0usize); BATCH];
+        let mut gso = self.gso.then(|| gso_segment_size(lens)).flatten();
+        let mut nruns = match gso {
+            Some(size) => gso_runs(lens, size, &mut runs),
+            None => plain_runs(n, &mut runs),
+        };
+        if gso.is_some() {
+            self.stamp_gso_idents(lens, &runs[..nruns], true);
+        }
+        self.stats.tx_bytes += lens.iter().map(|l| (l - HEADERS) as u64).sum::<u64>();
+        let mut done = 0;
+        let mut lost = 0;
+        let deadline = Instant::now() + SEND_BLOCKED_LIMIT;
+        while done < nruns {
+            let result = {
+                let mut iovs = [IoSlice::new(&[]); BATCH];
+                for (i, len) in lens.iter().enumerate() {
+                    iovs[i] = IoSlice::new(&self.tx[i * SLOT + HEADERS..i * SLOT + len]);
+                }
+                let mut msgs: [&[IoSlice<'_>]; BATCH] = [&[]; BATCH];
+                for (m, &(first, count)) in msgs.iter_mut().zip(&runs[done..nruns]) {
+                    *m = &iovs[first..first + count];
+                }
+                let size = gso.map(|s| s as u16);
+                sys::send_batch(self.sock.as_fd(), &msgs[..nruns - done], to, size)
+            };
+            match result {
+                Ok(0) if Instant::now() < deadline => {
+                    sys::wait(
+                        &[self.sock.as_fd()],
+                        PollFlags::POLLOUT,
+                        Some(Duration::from_millis(10)),
+                    )?;
+                }
+                // Full for too long: what is left is lost; RC resends it.
+                Ok(0) => {
+                    let frames: usize = runs[done..nruns].iter().map(|r| r.1).sum();
+                    debug!(socket = %self.local, %to, frames, "send buffer full: dropped");
+                    lost += frames;
+                    done = nruns;
+                }
+                Ok(k) => done += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The kernel takes no GSO on this socket after all: un-stamp what is
+                // left and send it (and everything after) one datagram at a time.
+                Err(e) if gso.is_some() && refuses_gso(&e) => {
+                    debug!(socket = %self.local, error = %e, "UDP GSO refused: sending datagrams one by one");
+                    self.stamp_gso_idents(lens, &runs[done..nruns], false);
+                    self.gso = false;
+                    gso = None;
+                    let first = runs[done].0;
+                    nruns = plain_runs(n - first, &mut runs);
+                    for r in &mut runs[..nruns] {
+                        r.0 += first;
+                    }
+                    done = 0;
+                }
+                // `sendmmsg` reports an error only for its first message.
+                Err(e) if is_local_drop(&e) => {
+                    trace!(socket = %self.local, %to, error = %e, "datagram refused locally: lost");
+                    lost += runs[done].1;
+                    done += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.stats.tx_packets += (n - lost) as u64;
+        self.stats.tx_dropped += lost as u64;
+        Ok(())
+    }
+
+    /// Give frame `j` of every GSO run the IPv4 ID the kernel's segmentation gives it
+    /// (`j`, counting from the run's ID 0; [`sys::tx_checksum_offload`] explains when
+    /// the kernel segments), re-stamping its ICRC; `forward = false` undoes it.
+    fn stamp_gso_idents(&mut self, lens: &[usize], runs: &[(usize, usize)], forward: bool) {
+        for &(first, count) in runs {
+            for j in 1..count {
+                let i = first + j;
+                let frame = &mut self.tx[i * SLOT..i * SLOT + lens[i]];
+                let (from, to) = if forward { (0, j as u16) } else { (j as u16, 0) };
+                restamp_ident(frame, from, to);
+            }
+        }
+    }
+
+    /// Batch runs of equal-size frames into UDP GSO sends when `enabled` and the
+    /// kernel cuts them into datagrams itself (see [`sys::tx_checksum_offload`]).
+    pub(crate) fn set_gso(&mut self, enabled: bool) {
+        self.gso = enabled;
     }
 
     /// Receive every queued datagram without blocking; datagrams from `from_ip` are
@@ -204,8 +273,8 @@ impl RoceSocket {
         mut handle: impl FnMut(&[u8]),
     ) -> io::Result<usize> {
         let (local, mac) = (self.local, self.mac);
-        self.recv_datagrams(|from, frame| {
-            if !accept_frame(frame, from, local, from_ip, peer_mac, mac) {
+        self.recv_datagrams(|from, ident, frame| {
+            if !accept_frame(frame, from, ident, local, from_ip, peer_mac, mac) {
                 return false;
             }
             handle(frame);
@@ -214,17 +283,23 @@ impl RoceSocket {
     }
 
     /// Receive every queued datagram without blocking and give each to `handle` with
-    /// [`HEADERS`] bytes of headroom in front (`frame[HEADERS..]` is the datagram);
-    /// `handle` returns false for a datagram it drops. Returns datagrams taken.
+    /// the IPv4 ID it had on the wire and [`HEADERS`] bytes of headroom in front
+    /// (`frame[HEADERS..]` is the datagram); `handle` returns false for a datagram it
+    /// drops. A UDP GRO datagram (several frames a switch sent as one GSO frame) is
+    /// handed over one segment at a time, segment `k` with ID `k` (what the kernel
+    /// gives it when it cuts such a frame itself), its headroom written over the tail
+    /// of segment `k - 1`, which `handle` has finished with. Returns datagrams taken.
     fn recv_datagrams(
         &mut self,
-        mut handle: impl FnMut(SocketAddrV4, &mut [u8]) -> bool,
+        mut handle: impl FnMut(SocketAddrV4, u16, &mut [u8]) -> bool,
     ) -> io::Result<usize> {
         let mut handled = 0;
-        let mut meta = [RecvMeta { len: 0, from: self.local, truncated: false }; BATCH];
+        let mut meta =
+            [RecvMeta { len: 0, from: self.local, truncated: false, segment: None }; RX_BATCH];
         loop {
             let got =
-                match sys::recv_batch(self.sock.as_fd(), &mut self.rx, SLOT, HEADERS, &mut meta) {
+                match sys::recv_batch(self.sock.as_fd(), &mut self.rx, RX_SLOT, HEADERS, &mut meta)
+                {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(e),
@@ -233,17 +308,23 @@ impl RoceSocket {
                 self.stats.rx_bytes += m.len as u64;
                 if m.truncated {
                     trace!(from = %m.from, len = m.len, "truncated datagram dropped");
+                    self.stats.rx_packets += 1;
                     self.stats.rx_dropped += 1;
                     continue;
                 }
-                if handle(m.from, &mut self.rx[i * SLOT..i * SLOT + HEADERS + m.len]) {
-                    handled += 1;
-                } else {
-                    self.stats.rx_dropped += 1;
+                let slot = &mut self.rx[i * RX_SLOT..i * RX_SLOT + HEADERS + m.len];
+                let seg = m.segment.unwrap_or(m.len);
+                for (k, start) in (0..m.len).step_by(seg).enumerate() {
+                    let end = (start + seg).min(m.len);
+                    self.stats.rx_packets += 1;
+                    if handle(m.from, k as u16, &mut slot[start..HEADERS + end]) {
+                        handled += 1;
+                    } else {
+                        self.stats.rx_dropped += 1;
+                    }
                 }
             }
-            self.stats.rx_packets += got as u64;
-            if got < BATCH {
+            if got < RX_BATCH {
                 return Ok(handled);
             }
         }
@@ -259,6 +340,7 @@ impl RoceSocket {
 fn bind_socket(ip: Ipv4Addr, port: u16) -> io::Result<UdpSocket> {
     let sock = UdpSocket::bind(SocketAddrV4::new(ip, port))?;
     sys::set_pmtudisc_do(sock.as_fd())?;
+    sys::set_udp_gro(sock.as_fd())?;
     sys::set_buffers(sock.as_fd(), RCVBUF, SNDBUF);
     sock.set_nonblocking(true)?;
     Ok(sock)
@@ -270,6 +352,7 @@ fn bind_socket(ip: Ipv4Addr, port: u16) -> io::Result<UdpSocket> {
 fn accept_frame(
     frame: &mut [u8],
     from: SocketAddrV4,
+    ident: u16,
     local: SocketAddrV4,
     switch_ip: Ipv4Addr,
     switch_mac: EthernetAddress,
@@ -279,7 +362,7 @@ fn accept_frame(
         trace!(%from, "datagram not from the switch dropped");
         return false;
     }
-    rebuild_headers(frame, from, local, switch_mac, mac).is_ok()
+    rebuild_headers(frame, from, local, ident, switch_mac, mac).is_ok()
 }
 
 /// The QP state shared by the caller's thread (inside collectives) and the progress
@@ -315,17 +398,17 @@ impl Core {
         let Core { io, qp, engine, switch, switch_mac, .. } = self;
         let (local, mac, switch_ip) = (io.local, io.mac, *switch.ip());
         let mut handled = 0;
-        for (from, mut frame) in qp.take_forwarded() {
-            if accept_frame(&mut frame, from, local, switch_ip, *switch_mac, mac) {
-                engine.handle_frame(now, &frame, bufs);
+        for mut f in qp.take_forwarded() {
+            if accept_frame(&mut f.frame, f.from, f.ident, local, switch_ip, *switch_mac, mac) {
+                engine.handle_frame(now, &f.frame, bufs);
                 handled += 1;
             }
         }
-        io.recv_datagrams(|from, frame| {
-            if !qp.is_mine(from, frame) {
+        io.recv_datagrams(|from, ident, frame| {
+            if !qp.is_mine(from, ident, frame) {
                 return true;
             }
-            if !accept_frame(frame, from, local, switch_ip, *switch_mac, mac) {
+            if !accept_frame(frame, from, ident, local, switch_ip, *switch_mac, mac) {
                 return false;
             }
             engine.handle_frame(now, frame, bufs);
@@ -423,6 +506,27 @@ pub(crate) struct UdpTransport {
     op_timeout: Duration,
     comm_id: u32,
     switch_id: u32,
+    /// Send through UDP GSO (decided at open, see [`gso_is_safe`]).
+    gso: bool,
+}
+
+/// Whether UDP GSO sends on `dp` reach the switch as the datagrams the ICRCs were
+/// stamped for: the kernel must cut them itself, giving segment `i` IPv4 ID `i`. It
+/// does when the interface has no transmit checksum offload (what `scripts/netns-up`
+/// and the container entrypoint set on hosts' veths); with the offload a veth would
+/// hand the whole send to the switch as one frame, and a NIC's segmentation is not
+/// ours to predict, so those get one datagram per send.
+fn gso_is_safe(dp: &DataPlane, sock: &UdpSocket) -> bool {
+    let name = dp.iface.clone().or_else(|| {
+        crate::iface::interfaces()
+            .ok()?
+            .into_iter()
+            .find(|(_, i)| i.ipv4.contains(&dp.ip))
+            .map(|(name, _)| name)
+    });
+    let offload = name.as_deref().and_then(|n| sys::tx_checksum_offload(sock.as_fd(), n));
+    debug!(iface = ?name, tx_checksum_offload = ?offload, "UDP GSO {}", if offload == Some(false) { "on" } else { "off" });
+    offload == Some(false)
 }
 
 impl UdpTransport {
@@ -433,6 +537,7 @@ impl UdpTransport {
         let qp = port.attach(|| random_qpn_psn().0).map_err(|e| Error::io(ctx(), e))?;
         let (qpn, start_psn) = (qp.qpn(), random_qpn_psn().1);
         let local = port.local_addr();
+        let gso = cfg.udp_gso && gso_is_safe(dp, port.socket());
         debug!(rank, %local, qpn, start_psn, "userspace RoCEv2 QP created");
         Ok(UdpTransport {
             qp: Some(qp),
@@ -446,6 +551,7 @@ impl UdpTransport {
             op_timeout: cfg.op_timeout,
             comm_id: 0,
             switch_id: 0,
+            gso,
         })
     }
 
@@ -495,8 +601,10 @@ impl Transport for UdpTransport {
         let opts = HostOptions { progress_timeout: self.op_timeout, ..HostOptions::default() };
         let sock = qp.port().socket().clone();
         let inbox = qp.inbox_handle();
+        let mut io = RoceSocket::on(sock.clone(), self.local, self.mac);
+        io.set_gso(self.gso);
         let core = Arc::new(Mutex::new(Core {
-            io: RoceSocket::on(sock.clone(), self.local, self.mac),
+            io,
             qp,
             epoch: Instant::now(),
             engine: HostEngine::with_options(config, opts),
@@ -598,13 +706,79 @@ fn is_local_drop(e: &io::Error) -> bool {
     )
 }
 
+/// Most datagrams the kernel accepts in one UDP GSO send (`UDP_MAX_SEGMENTS` of older
+/// kernels).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes of one UDP GSO send: the largest UDP payload of an IPv4 datagram.
+const GSO_MAX_BYTES: usize = 65_535 - 20 - 8;
+
+/// The GSO segment size of a batch (its largest UDP payload), if GSO can help: at
+/// least two frames of that size.
+fn gso_segment_size(lens: &[usize]) -> Option<usize> {
+    let size = lens.iter().max()? - HEADERS;
+    (lens.iter().filter(|&&l| l - HEADERS == size).count() >= 2).then_some(size)
+}
+
+/// Split a batch into GSO sends `(first frame, frames)`: consecutive frames, all but
+/// the last exactly `size` bytes of UDP payload, within the kernel's limits.
+fn gso_runs(lens: &[usize], size: usize, runs: &mut [(usize, usize)]) -> usize {
+    let mut nruns = 0;
+    let mut i = 0;
+    while i < lens.len() {
+        let first = i;
+        let mut bytes = lens[i] - HEADERS;
+        i += 1;
+        while i < lens.len()
+            && lens[i - 1] - HEADERS == size
+            && i - first < GSO_MAX_SEGMENTS
+            && bytes + lens[i] - HEADERS <= GSO_MAX_BYTES
+        {
+            bytes += lens[i] - HEADERS;
+            i += 1;
+        }
+        runs[nruns] = (first, i - first);
+        nruns += 1;
+    }
+    nruns
+}
+
+/// One frame per send.
+fn plain_runs(n: usize, runs: &mut [(usize, usize)]) -> usize {
+    for (i, r) in runs[..n].iter_mut().enumerate() {
+        *r = (i, 1);
+    }
+    n
+}
+
+/// Give a complete frame (with its ICRC) another IPv4 identification, re-stamping the
+/// ICRC that covers it.
+fn restamp_ident(frame: &mut [u8], from: u16, to: u16) {
+    let len = frame.len();
+    let (covered, icrc) = frame[14..].split_at_mut(len - 14 - inc_wire::icrc::ICRC_LEN);
+    covered[4..6].copy_from_slice(&to.to_be_bytes());
+    let old = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+    let new = inc_wire::icrc::with_ident(old, from, to, covered.len());
+    icrc.copy_from_slice(&new.to_le_bytes());
+}
+
+/// Errors of a UDP GSO send that mean "not on this socket or route" (no checksum
+/// offload path, no GSO support): fall back to one datagram per send.
+fn refuses_gso(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+    )
+}
+
 /// Write the Ethernet/IPv4/UDP headers in front of a received RoCEv2 datagram that
 /// occupies `frame[HEADERS..]`: what a packet socket would have captured from the wire
-/// for a datagram sent with `IP_PMTUDISC_DO` (ID 0, DF, TTL 64, TOS 0).
+/// for a datagram sent with `IP_PMTUDISC_DO` (ID `ident`: 0, or a GSO segment's
+/// number; DF, TTL 64, TOS 0).
 pub(crate) fn rebuild_headers(
     frame: &mut [u8],
     from: SocketAddrV4,
     to: SocketAddrV4,
+    ident: u16,
     src_mac: EthernetAddress,
     dst_mac: EthernetAddress,
 ) -> std::result::Result<(), inc_wire::Error> {
@@ -622,11 +796,64 @@ pub(crate) fn rebuild_headers(
         payload_len: udp_len,
         ttl: 64,
         tos: 0,
-        ident: 0,
+        ident,
         dont_frag: true,
     }
     .emit(&mut Ipv4Packet::new_unchecked(&mut frame[14..34]))?;
     UdpRepr { src_port: from.port(), dst_port: to.port(), payload_len: udp_len - 8 }
         .emit(&mut UdpPacket::new_unchecked(&mut frame[34..42]))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DATA: usize = HEADERS + 12 + 4096 + 4;
+    const ACK: usize = HEADERS + 12 + 4 + 4;
+
+    fn runs_of(lens: &[usize]) -> Vec<(usize, usize)> {
+        let mut runs = [(0, 0); BATCH];
+        let size = gso_segment_size(lens).expect("two full frames");
+        let n = gso_runs(lens, size, &mut runs);
+        runs[..n].to_vec()
+    }
+
+    #[test]
+    fn gso_runs_keep_every_segment_but_the_last_full_and_within_64_kib() {
+        // 20 data frames: 15 fit one send (61,680 bytes), the rest the next.
+        assert_eq!(runs_of(&[DATA; 20]), [(0, 15), (15, 5)]);
+        // A short frame ends a run; a full one after it starts the next.
+        let mut lens = vec![DATA; 4];
+        lens.insert(2, ACK);
+        assert_eq!(runs_of(&lens), [(0, 3), (3, 2)]);
+        // A short frame first stands alone.
+        assert_eq!(runs_of(&[ACK, DATA, DATA]), [(0, 1), (1, 2)]);
+        // Small equal frames: the segment-count limit.
+        assert_eq!(runs_of(&[ACK; 64]), [(0, 64)]);
+        // Nothing to batch.
+        assert_eq!(gso_segment_size(&[DATA, ACK]), None);
+    }
+
+    #[test]
+    fn restamped_frames_carry_a_valid_icrc_for_their_segment_ident() {
+        use inc_wire::{BthRepr, EthAddrs, Opcode, Psn, RoceRepr};
+        let mut r = RoceRepr::new(
+            EthAddrs { src: EthernetAddress([2, 0, 0, 0, 0, 1]), dst: EthernetAddress([2; 6]) },
+            Ipv4Addr::new(10, 1, 1, 21),
+            Ipv4Addr::new(10, 1, 1, 1),
+            inc_wire::ROCEV2_PORT,
+            BthRepr::new(Opcode::RcSendOnly, 0x101, Psn::new(77)),
+        );
+        r.payload_len = 4096;
+        let mut frame = vec![0u8; DATA];
+        let n = r.emit(&mut frame, |p| p.fill(0x5a)).unwrap();
+        assert_eq!(n, DATA);
+        let original = frame.clone();
+        restamp_ident(&mut frame, 0, 9);
+        assert_eq!(&frame[18..20], &[0, 9], "IPv4 ID");
+        assert!(inc_wire::icrc::verify(&frame[14..]), "ICRC valid for ID 9");
+        restamp_ident(&mut frame, 9, 0);
+        assert_eq!(frame, original, "undone exactly");
+    }
 }

@@ -114,11 +114,12 @@ impl SharedPort {
         Ok(Attachment { port: self.clone(), qpn, inbox })
     }
 
-    /// Hand a datagram (`datagram` = BTH..ICRC) for another QP of this process to it.
-    fn forward(&self, from: SocketAddrV4, datagram: &[u8]) {
+    /// Hand a datagram (`datagram` = BTH..ICRC, sent with IPv4 ID `ident`) for another
+    /// QP of this process to it.
+    fn forward(&self, from: SocketAddrV4, ident: u16, datagram: &[u8]) {
         let inbox = dest_qpn(datagram).and_then(|q| lock(&self.inboxes).get(&q).cloned());
         match inbox {
-            Some(inbox) => inbox.push(from, datagram),
+            Some(inbox) => inbox.push(from, ident, datagram),
             None => {
                 self.stray.fetch_add(1, Ordering::Relaxed);
                 trace!(%from, qpn = ?dest_qpn(datagram), "datagram for no QP of this process");
@@ -137,12 +138,23 @@ pub(crate) fn dest_qpn(datagram: &[u8]) -> Option<u32> {
     datagram.get(5..8).map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]))
 }
 
+/// A datagram another thread received for a QP.
+#[derive(Debug)]
+pub(crate) struct Forwarded {
+    /// Sender.
+    pub from: SocketAddrV4,
+    /// IPv4 ID it had on the wire (segments of a UDP GRO datagram count up from 0).
+    pub ident: u16,
+    /// [`HEADERS`] bytes of headroom, then the datagram.
+    pub frame: Vec<u8>,
+}
+
 /// Datagrams another thread received for one QP, and the wake-up of its owner.
 #[derive(Debug)]
 pub(crate) struct Inbox {
-    /// `(sender, frame)`: each frame has [`HEADERS`] bytes of headroom before the
-    /// datagram, for the rebuilt Ethernet/IPv4/UDP headers.
-    queue: Mutex<VecDeque<(SocketAddrV4, Vec<u8>)>>,
+    /// Each frame has [`HEADERS`] bytes of headroom before the datagram, for the
+    /// rebuilt Ethernet/IPv4/UDP headers.
+    queue: Mutex<VecDeque<Forwarded>>,
     dropped: AtomicU64,
     wake_tx: UnixDatagram,
     wake_rx: UnixDatagram,
@@ -161,7 +173,7 @@ impl Inbox {
         })
     }
 
-    fn push(&self, from: SocketAddrV4, datagram: &[u8]) {
+    fn push(&self, from: SocketAddrV4, ident: u16, datagram: &[u8]) {
         let mut q = lock(&self.queue);
         if q.len() >= INBOX_LIMIT {
             self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -170,7 +182,7 @@ impl Inbox {
         let mut frame = vec![0; HEADERS + datagram.len()];
         frame[HEADERS..].copy_from_slice(datagram);
         let was_empty = q.is_empty();
-        q.push_back((from, frame));
+        q.push_back(Forwarded { from, ident, frame });
         drop(q);
         if was_empty {
             self.wake();
@@ -189,7 +201,7 @@ impl Inbox {
     }
 
     /// Take every queued frame.
-    fn take(&self) -> VecDeque<(SocketAddrV4, Vec<u8>)> {
+    fn take(&self) -> VecDeque<Forwarded> {
         let mut b = [0u8; 64];
         while matches!(self.wake_rx.recv(&mut b), Ok(n) if n > 0) {}
         std::mem::take(&mut *lock(&self.queue))
@@ -226,19 +238,20 @@ impl Attachment {
         self.inbox.clone()
     }
 
-    /// Sort one received frame (`frame[HEADERS..]` is the datagram): true if it is
-    /// this QP's, otherwise it is handed to its QP (or counted as stray).
-    pub(crate) fn is_mine(&self, from: SocketAddrV4, frame: &[u8]) -> bool {
+    /// Sort one received frame (`frame[HEADERS..]` is the datagram, sent with IPv4 ID
+    /// `ident`): true if it is this QP's, otherwise it is handed to its QP (or counted
+    /// as stray).
+    pub(crate) fn is_mine(&self, from: SocketAddrV4, ident: u16, frame: &[u8]) -> bool {
         let datagram = &frame[HEADERS..];
         if dest_qpn(datagram) == Some(self.qpn) {
             return true;
         }
-        self.port.forward(from, datagram);
+        self.port.forward(from, ident, datagram);
         false
     }
 
     /// Frames other threads received for this QP.
-    pub(crate) fn take_forwarded(&self) -> VecDeque<(SocketAddrV4, Vec<u8>)> {
+    pub(crate) fn take_forwarded(&self) -> VecDeque<Forwarded> {
         self.inbox.take()
     }
 }
@@ -274,21 +287,21 @@ mod tests {
         let from = SocketAddrV4::new(ip, 0xC001);
         let mut frame = vec![0u8; HEADERS];
         frame.extend(datagram(0x20));
-        assert!(!a.is_mine(from, &frame));
-        assert!(b.is_mine(from, &frame));
+        assert!(!a.is_mine(from, 3, &frame));
+        assert!(b.is_mine(from, 3, &frame));
         let got = b.take_forwarded();
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].0, from);
-        assert_eq!(&got[0].1[HEADERS..], &datagram(0x20)[..]);
+        assert_eq!((got[0].from, got[0].ident), (from, 3));
+        assert_eq!(&got[0].frame[HEADERS..], &datagram(0x20)[..]);
         assert!(b.take_forwarded().is_empty());
         frame.truncate(HEADERS);
         frame.extend(datagram(0x30));
-        assert!(!a.is_mine(from, &frame));
+        assert!(!a.is_mine(from, 0, &frame));
         assert_eq!(port.stray(), 1);
         drop(b);
         frame.truncate(HEADERS);
         frame.extend(datagram(0x20));
-        assert!(!a.is_mine(from, &frame));
+        assert!(!a.is_mine(from, 0, &frame));
         assert_eq!(port.stray(), 2, "a detached QP receives nothing");
     }
 }

@@ -1,6 +1,7 @@
 //! System calls of the userspace transport: socket options, batched UDP I/O
-//! (`sendmmsg`/`recvmmsg` through nix) and readiness waits (`ppoll`). `IP_MTU_DISCOVER` is the one option neither nix
-//! nor socket2 covers; its `setsockopt` is the only `unsafe` of the UDP transport.
+//! (`sendmmsg`/`recvmmsg` through nix, UDP GSO) and readiness waits (`ppoll`).
+//! `IP_MTU_DISCOVER` and the `ETHTOOL_GTXCSUM` ioctl are what neither nix nor socket2
+//! covers; they are the only `unsafe` of the UDP transport.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem;
@@ -11,7 +12,8 @@ use std::time::Duration;
 use nix::errno::Errno;
 use nix::poll::{ppoll, PollFd, PollFlags};
 use nix::sys::socket::{
-    recvmmsg, sendmmsg, setsockopt, sockopt, ControlMessage, MsgFlags, MultiHeaders, SockaddrIn,
+    recvmmsg, sendmmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
+    MultiHeaders, SockaddrIn,
 };
 use nix::sys::time::TimeSpec;
 
@@ -51,27 +53,94 @@ pub(crate) fn set_buffers(fd: BorrowedFd<'_>, rcv: usize, snd: usize) {
     }
 }
 
-/// Send up to [`BATCH`] datagrams in one `sendmmsg`; returns how many were sent
-/// (0 if the socket buffer is full).
-pub(crate) fn send_batch(fd: BorrowedFd<'_>, pkts: &[(&[u8], SocketAddrV4)]) -> io::Result<usize> {
-    let n = pkts.len().min(BATCH);
+/// `UDP_GRO`: the kernel may hand a UDP GSO frame sent to this socket over whole, its
+/// segment size in a control message, instead of cutting it into datagrams first. A
+/// switch sends runs of frames to hosts that way; a receiver without this option would
+/// get the datagrams, but not know each one's IPv4 ID, which the ICRC covers.
+pub(crate) fn set_udp_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+    setsockopt(&fd, sockopt::UdpGroSegment, &true).map_err(io::Error::from)
+}
+
+/// Send up to [`BATCH`] messages to `to` in one `sendmmsg`; returns how many were sent
+/// (0 if the socket buffer is full). A message is the UDP payloads of one or more
+/// frames; with `gso_size`, each message goes out as one GSO send that the kernel cuts
+/// into datagrams of `gso_size` bytes (UDP_SEGMENT: all but the last exactly that
+/// long), otherwise each message must be one datagram.
+pub(crate) fn send_batch(
+    fd: BorrowedFd<'_>,
+    msgs: &[&[IoSlice<'_>]],
+    to: SocketAddrV4,
+    gso_size: Option<u16>,
+) -> io::Result<usize> {
+    let n = msgs.len().min(BATCH);
     if n == 0 {
         return Ok(0);
     }
-    let mut iovs = [[IoSlice::new(&[])]; BATCH];
-    let mut addrs = [None; BATCH];
-    for (i, (data, to)) in pkts[..n].iter().enumerate() {
-        iovs[i] = [IoSlice::new(data)];
-        addrs[i] = Some(SockaddrIn::from(*to));
-    }
-    let mut hdrs = MultiHeaders::<SockaddrIn>::preallocate(n, None);
-    let none: [ControlMessage<'_>; 0] = [];
-    match sendmmsg(fd.as_raw_fd(), &mut hdrs, &iovs[..n], &addrs[..n], none, MsgFlags::MSG_DONTWAIT)
-    {
-        Ok(sent) => Ok(sent.count()),
+    let addrs = [Some(SockaddrIn::from(to)); BATCH];
+    let result = match gso_size {
+        Some(size) => {
+            let mut hdrs = MultiHeaders::<SockaddrIn>::preallocate(n, Some(nix::cmsg_space!(u16)));
+            let cmsgs = [ControlMessage::UdpGsoSegments(&size)];
+            sendmmsg(
+                fd.as_raw_fd(),
+                &mut hdrs,
+                &msgs[..n],
+                &addrs[..n],
+                cmsgs,
+                MsgFlags::MSG_DONTWAIT,
+            )
+            .map(|sent| sent.count())
+        }
+        None => {
+            let mut hdrs = MultiHeaders::<SockaddrIn>::preallocate(n, None);
+            let none: [ControlMessage<'_>; 0] = [];
+            sendmmsg(
+                fd.as_raw_fd(),
+                &mut hdrs,
+                &msgs[..n],
+                &addrs[..n],
+                none,
+                MsgFlags::MSG_DONTWAIT,
+            )
+            .map(|sent| sent.count())
+        }
+    };
+    match result {
+        Ok(sent) => Ok(sent),
         Err(Errno::EAGAIN) => Ok(0),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `ETHTOOL_GTXCSUM`: whether `iface` computes transmit checksums itself (`None` if the
+/// kernel does not say, e.g. no such interface). Without that offload the kernel also
+/// cuts UDP GSO sends into datagrams itself, before the driver, the way
+/// [`send_batch`]'s callers rely on (see `RoceSocket`).
+pub(crate) fn tx_checksum_offload(fd: BorrowedFd<'_>, iface: &str) -> Option<bool> {
+    /// `struct ethtool_value`.
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    const ETHTOOL_GTXCSUM: u32 = 0x16;
+    let name = iface.as_bytes();
+    // Safety: `ifreq` is plain old data (byte arrays, integers and a pointer union);
+    // all zeroes is a valid value.
+    let mut ifr: libc::ifreq = unsafe { mem::zeroed() };
+    if name.is_empty() || name.len() >= ifr.ifr_name.len() {
+        return None;
+    }
+    for (d, b) in ifr.ifr_name.iter_mut().zip(name) {
+        *d = *b as libc::c_char;
+    }
+    let mut value = EthtoolValue { cmd: ETHTOOL_GTXCSUM, data: 0 };
+    ifr.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    // Safety: `fd` is an open socket for the borrow's lifetime; `ifr` is a live,
+    // NUL-terminated `ifreq` whose data pointer points at `value`, which outlives the
+    // call and is the `ethtool_value` that ETHTOOL_GTXCSUM reads and writes.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
+    (r == 0).then_some(value.data != 0)
 }
 
 /// Longest single wait. Callers re-check their deadlines after every wake-up, and the
@@ -107,6 +176,9 @@ pub(crate) struct RecvMeta {
     pub from: SocketAddrV4,
     /// The datagram did not fit the slot and was cut.
     pub truncated: bool,
+    /// UDP GRO: the datagram is several the sender sent as one GSO frame, each this
+    /// many bytes but the last (`None`: one datagram).
+    pub segment: Option<usize>,
 }
 
 /// Receive up to [`BATCH`] datagrams without blocking into `slots`, a buffer of
@@ -126,7 +198,7 @@ pub(crate) fn recv_batch(
         .take(n)
         .map(|slot| [IoSliceMut::new(&mut slot[offset..])])
         .collect();
-    let mut hdrs = MultiHeaders::<SockaddrIn>::preallocate(n, None);
+    let mut hdrs = MultiHeaders::<SockaddrIn>::preallocate(n, Some(nix::cmsg_space!(libc::c_int)));
     let got = match recvmmsg(fd.as_raw_fd(), &mut hdrs, &mut iovs, MsgFlags::MSG_DONTWAIT, None) {
         Ok(msgs) => {
             let mut got = 0;
@@ -134,10 +206,15 @@ pub(crate) fn recv_batch(
                 let from = m.address.map_or(SocketAddrV4::new([0, 0, 0, 0].into(), 0), |a| {
                     SocketAddrV4::new(a.ip(), a.port())
                 });
+                let segment = m.cmsgs().ok().into_iter().flatten().find_map(|c| match c {
+                    ControlMessageOwned::UdpGroSegments(size) => usize::try_from(size).ok(),
+                    _ => None,
+                });
                 *out = RecvMeta {
                     len: m.bytes,
                     from,
                     truncated: m.flags.contains(MsgFlags::MSG_TRUNC),
+                    segment: segment.filter(|&s| s > 0 && s < m.bytes),
                 };
                 got += 1;
             }
@@ -166,11 +243,12 @@ mod tests {
             _ => unreachable!(),
         };
         let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + usize::from(i)]).collect();
-        let pkts: Vec<(&[u8], SocketAddrV4)> = payloads.iter().map(|p| (&p[..], to)).collect();
-        assert_eq!(send_batch(tx.as_fd(), &pkts).unwrap(), 10);
+        let iovs: Vec<[IoSlice<'_>; 1]> = payloads.iter().map(|p| [IoSlice::new(p)]).collect();
+        let msgs: Vec<&[IoSlice<'_>]> = iovs.iter().map(|m| &m[..]).collect();
+        assert_eq!(send_batch(tx.as_fd(), &msgs, to, None).unwrap(), 10);
         let slot = 256;
         let mut slots = vec![0u8; slot * BATCH];
-        let mut meta = [RecvMeta { len: 0, from: to, truncated: false }; BATCH];
+        let mut meta = [RecvMeta { len: 0, from: to, truncated: false, segment: None }; BATCH];
         let mut got = 0;
         for _ in 0..100 {
             got += recv_batch(rx.as_fd(), &mut slots[got * slot..], slot, 42, &mut meta[got..])
@@ -189,6 +267,65 @@ mod tests {
         }
         // Nothing queued: no blocking, zero.
         assert_eq!(recv_batch(rx.as_fd(), &mut slots, slot, 42, &mut meta).unwrap(), 0);
+    }
+
+    /// Receive `want` datagrams (bounded wait); their lengths and contents.
+    fn recv_n(rx: &UdpSocket, want: usize) -> Vec<Vec<u8>> {
+        let slot = 512;
+        let mut slots = vec![0u8; slot * BATCH];
+        let mut meta = [RecvMeta {
+            len: 0,
+            from: SocketAddrV4::new([0; 4].into(), 0),
+            truncated: false,
+            segment: None,
+        }; BATCH];
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            let n = recv_batch(rx.as_fd(), &mut slots, slot, 0, &mut meta).unwrap();
+            got.extend(
+                meta[..n]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| slots[i * slot..i * slot + m.len].to_vec()),
+            );
+            if got.len() >= want {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        got
+    }
+
+    #[test]
+    fn gso_messages_arrive_as_one_datagram_per_segment() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        set_pmtudisc_do(tx.as_fd()).unwrap();
+        let to = match rx.local_addr().unwrap() {
+            std::net::SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        // Message 1: three full segments and a short last one, from four slices;
+        // message 2: one short datagram (not cut).
+        let segs: Vec<Vec<u8>> =
+            [100, 100, 100, 40, 20].iter().enumerate().map(|(i, &n)| vec![i as u8; n]).collect();
+        let first: Vec<IoSlice<'_>> = segs[..4].iter().map(|s| IoSlice::new(s)).collect();
+        let second = [IoSlice::new(&segs[4])];
+        assert_eq!(send_batch(tx.as_fd(), &[&first, &second], to, Some(100)).unwrap(), 2);
+        let got = recv_n(&rx, 5);
+        assert_eq!(got, segs, "one datagram per segment, in order, nothing merged");
+    }
+
+    #[test]
+    fn tx_checksum_offload_is_reported_for_loopback_only_if_it_exists() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(
+            tx_checksum_offload(sock.as_fd(), "lo").is_some(),
+            "loopback answers ETHTOOL_GTXCSUM"
+        );
+        assert_eq!(tx_checksum_offload(sock.as_fd(), "no-such-if0"), None);
+        assert_eq!(tx_checksum_offload(sock.as_fd(), ""), None);
+        assert_eq!(tx_checksum_offload(sock.as_fd(), "an-interface-name-too-long"), None);
     }
 
     /// The shortest of 20 waits of `timeout` on a socket nothing is sent to; each is
@@ -235,9 +372,9 @@ mod tests {
             _ => unreachable!(),
         };
         let big = vec![7u8; 300];
-        assert_eq!(send_batch(tx.as_fd(), &[(&big[..], to)]).unwrap(), 1);
+        assert_eq!(send_batch(tx.as_fd(), &[&[IoSlice::new(&big)]], to, None).unwrap(), 1);
         let mut slots = vec![0u8; 128];
-        let mut meta = [RecvMeta { len: 0, from: to, truncated: false }; 1];
+        let mut meta = [RecvMeta { len: 0, from: to, truncated: false, segment: None }; 1];
         let mut got = 0;
         for _ in 0..100 {
             got = recv_batch(rx.as_fd(), &mut slots, 128, 42, &mut meta).unwrap();

@@ -219,6 +219,10 @@ impl<B: Backend> Backend for LinkEmuBackend<B> {
         self.inner.max_frame_len()
     }
 
+    fn set_host_port(&mut self, port: usize) {
+        self.inner.set_host_port(port);
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {
         let timeout = match self.next_due() {
             None => timeout,
