@@ -248,6 +248,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 block_timeout_ms: args.rx_block_timeout_ms,
                 tx_batch: args.tx_batch,
                 promiscuous: !args.no_promisc,
+                gso_links: spec::internal_links(&plans, topology.as_ref()),
                 ..AfPacketConfig::default()
             };
             let open = |s: &[PortSpec]| AfPacketBackend::open(s, cfg.clone());

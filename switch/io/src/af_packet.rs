@@ -63,6 +63,12 @@ pub struct AfPacketConfig {
     pub max_frame: usize,
     /// Put the interfaces in promiscuous mode (membership, undone on close).
     pub promiscuous: bool,
+    /// Ports whose link peer is another port of this process on this backend (two
+    /// switches of one `inc-switch`): runs of frames between them travel as UDP GSO
+    /// frames, which their receive rings take whole (V2 slots of 64 KiB and more)
+    /// and split. Any other peer (another process, another backend) would get frames
+    /// it cannot read, so only ports listed here send GSO frames towards switches.
+    pub gso_links: Vec<PortSpec>,
 }
 
 impl Default for AfPacketConfig {
@@ -75,6 +81,7 @@ impl Default for AfPacketConfig {
             tx_batch: 64,
             max_frame: 9216,
             promiscuous: true,
+            gso_links: Vec::new(),
         }
     }
 }
@@ -131,9 +138,13 @@ struct PortSock {
     kernel_drops: u64,
     /// Every frame sent carries a virtio-net header (`PACKET_VNET_HDR`).
     vnet: bool,
+    /// The interface offloads TX checksums, so GSO frames leave it whole.
+    whole_gso_frames: bool,
     /// The port faces a host ([`Backend::set_host_port`]): runs of frames may go out
     /// as UDP GSO frames.
     host_port: bool,
+    /// The port's peer is a port of this backend ([`AfPacketConfig::gso_links`]).
+    gso_link: bool,
 }
 
 /// The AF_PACKET backend.
@@ -167,6 +178,13 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
     let ifindex = sys::if_index(&spec.ifname).map_err(iface_err("find interface", spec))?;
     let mac = sys::if_mac(fd.as_raw_fd(), &spec.ifname).map_err(iface_err("read MAC", spec))?;
     let mtu = sys::if_mtu(fd.as_raw_fd(), &spec.ifname).ok();
+    // A host's userspace RoCE socket sees a GSO frame's segments with their IPv4 IDs
+    // (which the ICRCs cover) only if the frame reaches it whole (UDP GRO); if this
+    // interface has no TX checksum offload, the kernel cuts it up right here.
+    let whole_gso_frames = sys::if_tx_checksum_offload(fd.as_raw_fd(), &spec.ifname)
+        .inspect_err(|e| debug!(iface = %spec, error = %e, "ETHTOOL_GTXCSUM failed"))
+        .unwrap_or(false);
+    let gso_link = cfg.ring == RxRing::V2 && cfg.gso_links.contains(spec);
 
     let (version, req) = match cfg.ring {
         RxRing::V3 => {
@@ -184,18 +202,21 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
         }
         RxRing::V2 => {
             // One frame per block: a slot holds header, address and a full-MTU frame.
-            let need = TPACKET2_HDR_ALIGNED
-                + std::mem::size_of::<libc::sockaddr_ll>()
-                + 16
-                + 14
-                + VNET_HDR_LEN;
-            let need = need + mtu.unwrap_or(1500) as usize;
-            let slot = need.div_ceil(4096) * 4096;
+            let need =
+                TPACKET2_HDR_ALIGNED + std::mem::size_of::<libc::sockaddr_ll>() + 16 + VNET_HDR_LEN;
+            // A GSO link's slots hold a whole GSO frame (up to 64 KiB of UDP payload);
+            // half as many of them, as each usually holds several frames.
+            let (frame, slots) = if gso_link {
+                (GSO_MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.block_count * 2)
+            } else {
+                (mtu.unwrap_or(1500) as usize + 14, cfg.block_count * 4)
+            };
+            let slot = (need + frame).div_ceil(4096) * 4096;
             let req = libc::tpacket_req3 {
                 tp_block_size: slot as u32,
-                tp_block_nr: cfg.block_count * 4,
+                tp_block_nr: slots,
                 tp_frame_size: slot as u32,
-                tp_frame_nr: cfg.block_count * 4,
+                tp_frame_nr: slots,
                 tp_retire_blk_tov: 0,
                 tp_sizeof_priv: 0,
                 tp_feature_req_word: 0,
@@ -290,18 +311,31 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
             .map_err(iface_err("enable promiscuous mode", spec))?;
     }
     let desc = PortDesc { spec: spec.clone(), mac, mtu };
-    Ok((PortSock { fd, ring, label: spec.label(), kernel_drops: 0, vnet, host_port: false }, desc))
+    let sock = PortSock {
+        fd,
+        ring,
+        label: spec.label(),
+        kernel_drops: 0,
+        vnet,
+        whole_gso_frames,
+        host_port: false,
+        gso_link: gso_link && vnet,
+    };
+    Ok((sock, desc))
 }
 
 /// Hand one received frame to `sink` unless it is truncated, outgoing or out of bounds.
 /// `hdr` is the offset of its tpacket header in the ring, `sll_at` the aligned header
 /// size after which the sockaddr_ll follows, `(mac, snaplen, len)` from the header.
-/// Returns 1 if the frame was delivered.
+/// With `vnet` (PACKET_VNET_HDR) a UDP GSO frame is handed over as its segments.
+/// Returns the frames delivered.
+#[allow(clippy::too_many_arguments)]
 fn deliver(
     ring: &Ring,
     hdr: usize,
     sll_at: usize,
     (mac, snap, len): (usize, u32, u32),
+    vnet: bool,
     port: usize,
     c: &mut PortCounters,
     sink: &mut dyn FnMut(usize, &[u8]),
@@ -324,12 +358,61 @@ fn deliver(
     if pkttype == libc::PACKET_OUTGOING {
         return 0;
     }
-    // Safety: [hdr+mac, hdr+mac+snap) lies inside the user-owned slot (checked above).
-    let frame = unsafe { std::slice::from_raw_parts(ring.base.add(hdr + mac), snap as usize) };
-    c.rx_packets += 1;
-    c.rx_bytes += u64::from(snap);
-    sink(port, frame);
-    1
+    let vnet = (vnet && mac >= VNET_HDR_LEN).then(|| {
+        // Safety: with PACKET_VNET_HDR the kernel writes a virtio-net header right in
+        // front of the frame, inside the user-owned slot; it may be unaligned.
+        unsafe {
+            std::ptr::read_unaligned(ring.base.add(hdr + mac - VNET_HDR_LEN) as *const VirtioNetHdr)
+        }
+    });
+    // Safety: [hdr+mac, hdr+mac+snap) lies inside the user-owned slot (checked above),
+    // which nothing else reads or writes until it is handed back to the kernel.
+    let frame = unsafe { std::slice::from_raw_parts_mut(ring.base.add(hdr + mac), snap as usize) };
+    match vnet.filter(|v| v.gso_type == VIRTIO_NET_HDR_GSO_UDP_L4 && v.gso_size > 0) {
+        Some(v) if is_plain_udp(frame) => split_gso_frame(frame, v.gso_size.into(), port, c, sink),
+        _ => {
+            c.rx_packets += 1;
+            c.rx_bytes += u64::from(snap);
+            sink(port, frame);
+            1
+        }
+    }
+}
+
+/// Hand the segments of a received UDP GSO frame to `sink` as the frames they were
+/// sent as: segment `k` gets the first frame's headers with its own lengths, IPv4 ID
+/// (first + `k`, what [`stamp_gso_run`] stamped its ICRC for) and checksums, written
+/// in place over the last 42 bytes of segment `k - 1`, which `sink` is done with.
+fn split_gso_frame(
+    frame: &mut [u8],
+    size: usize,
+    port: usize,
+    c: &mut PortCounters,
+    sink: &mut dyn FnMut(usize, &[u8]),
+) -> usize {
+    let mut head = [0u8; UDP_PAYLOAD_AT];
+    head.copy_from_slice(&frame[..UDP_PAYLOAD_AT]);
+    let base = u16::from_be_bytes([head[18], head[19]]);
+    let payload = frame.len() - UDP_PAYLOAD_AT;
+    let mut n = 0;
+    for (k, start) in (0..payload).step_by(size).enumerate() {
+        let seg = size.min(payload - start);
+        let at = start; // the segment's headers end where its payload starts
+        let f = &mut frame[at..at + UDP_PAYLOAD_AT + seg];
+        f[..UDP_PAYLOAD_AT].copy_from_slice(&head);
+        f[16..18].copy_from_slice(&((28 + seg) as u16).to_be_bytes());
+        f[18..20].copy_from_slice(&base.wrapping_add(k as u16).to_be_bytes());
+        f[24..26].copy_from_slice(&[0, 0]);
+        let ip_csum = inc_wire::ipv4::internet_checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&ip_csum.to_be_bytes());
+        f[38..40].copy_from_slice(&((8 + seg) as u16).to_be_bytes());
+        f[40..42].copy_from_slice(&[0, 0]);
+        c.rx_packets += 1;
+        c.rx_bytes += f.len() as u64;
+        sink(port, f);
+        n += 1;
+    }
+    n
 }
 
 impl AfPacketBackend {
@@ -384,6 +467,7 @@ impl AfPacketBackend {
     fn recv_port(&mut self, p: usize, budget: usize, sink: &mut dyn FnMut(usize, &[u8])) -> usize {
         let sock = &mut self.socks[p];
         let c = &mut self.counters[p];
+        let vnet = sock.vnet;
         let ring = &mut sock.ring;
         let mut n = 0;
         while n < budget && ring.ready() {
@@ -406,7 +490,16 @@ impl AfPacketBackend {
                         let h =
                             unsafe { &*(ring.base.add(slot + off) as *const libc::tpacket3_hdr) };
                         let frame = (h.tp_mac as usize, h.tp_snaplen, h.tp_len);
-                        n += deliver(ring, slot + off, TPACKET3_HDR_ALIGNED, frame, p, c, sink);
+                        n += deliver(
+                            ring,
+                            slot + off,
+                            TPACKET3_HDR_ALIGNED,
+                            frame,
+                            vnet,
+                            p,
+                            c,
+                            sink,
+                        );
                         let next = h.tp_next_offset as usize;
                         if next == 0 {
                             break;
@@ -419,7 +512,7 @@ impl AfPacketBackend {
                     // ready()) until handed back below; its tpacket2_hdr is at the start.
                     let h = unsafe { &*(ring.base.add(slot) as *const libc::tpacket2_hdr) };
                     let frame = (h.tp_mac as usize, h.tp_snaplen, h.tp_len);
-                    n += deliver(ring, slot, TPACKET2_HDR_ALIGNED, frame, p, c, sink);
+                    n += deliver(ring, slot, TPACKET2_HDR_ALIGNED, frame, vnet, p, c, sink);
                 }
             }
             c.rx_batches += 1;
@@ -439,7 +532,8 @@ impl AfPacketBackend {
     /// for that ID first.
     fn send_port(&mut self, port: usize) -> usize {
         let sock = &self.socks[port];
-        let (fd, vnet, gso) = (sock.fd.as_raw_fd(), sock.vnet, sock.vnet && sock.host_port);
+        let (fd, vnet) = (sock.fd.as_raw_fd(), sock.vnet);
+        let gso = vnet && ((sock.host_port && sock.whole_gso_frames) || sock.gso_link);
         let staged: Vec<(usize, usize)> =
             self.tx.port_frames(port).map(|(i, f)| (i, f.len())).collect();
         if staged.is_empty() {
@@ -837,6 +931,34 @@ mod tests {
             assert_eq!(seg.len(), original.len());
             assert!(inc_wire::icrc::verify(&seg[14..]), "segment {k}: ICRC for ID {k}");
             assert_eq!(seg[42..seg.len() - 4], original[42..original.len() - 4], "payload {k}");
+        }
+    }
+
+    #[test]
+    fn a_received_gso_frame_is_split_into_the_frames_sent() {
+        let mut frames: Vec<Vec<u8>> = (0..4).map(|p| frame(p, 4096, 0xc001)).collect();
+        frames.push(frame(4, 1500, 0xc001));
+        let (mut tx, staged) = stage(&frames);
+        let hdr = stamp_gso_run(&mut tx, &staged);
+        let mut gso = tx.frame_at(staged[0].0, staged[0].1).to_vec();
+        for &(i, len) in &staged[1..] {
+            gso.extend_from_slice(&tx.frame_at(i, len)[UDP_PAYLOAD_AT..]);
+        }
+        let mut c = PortCounters::default();
+        let mut got = Vec::new();
+        let n = split_gso_frame(&mut gso, hdr.gso_size.into(), 3, &mut c, &mut |port, f| {
+            assert_eq!(port, 3);
+            got.push(f.to_vec());
+        });
+        assert_eq!((n, got.len(), c.rx_packets), (5, 5, 5));
+        for (k, (seg, original)) in got.iter().zip(&frames).enumerate() {
+            assert_eq!(seg.len(), original.len(), "segment {k}");
+            assert_eq!(u16::from_be_bytes([seg[18], seg[19]]), k as u16, "IPv4 ID");
+            assert_eq!(inc_wire::ipv4::internet_checksum(&seg[14..34]), 0, "IPv4 checksum");
+            assert!(inc_wire::icrc::verify(&seg[14..]), "segment {k}: ICRC");
+            assert_eq!(seg[..18], original[..18]);
+            assert_eq!(seg[20..24], original[20..24]);
+            assert_eq!(seg[26..seg.len() - 4], original[26..original.len() - 4]);
         }
     }
 

@@ -264,6 +264,28 @@ pub(crate) fn if_mtu(fd: RawFd, ifname: &str) -> io::Result<u32> {
     Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
 }
 
+/// `ETHTOOL_GTXCSUM`: whether the interface computes transmit checksums itself. Without
+/// that offload the kernel also cuts UDP GSO frames into datagrams before the driver.
+pub(crate) fn if_tx_checksum_offload(fd: RawFd, ifname: &str) -> io::Result<bool> {
+    /// `struct ethtool_value`.
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    const ETHTOOL_GTXCSUM: u32 = 0x16;
+    let mut value = EthtoolValue { cmd: ETHTOOL_GTXCSUM, data: 0 };
+    let mut req = ifreq(ifname);
+    req.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    // Safety: SIOCETHTOOL reads the name and the data pointer inside `req`; the pointer
+    // is to `value`, a live `ethtool_value` that ETHTOOL_GTXCSUM reads and writes.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL as _, &mut req) };
+    if rc < 0 {
+        return Err(last());
+    }
+    Ok(value.data != 0)
+}
+
 /// `setsockopt` with a plain-data value.
 pub(crate) fn setsockopt<T: Copy>(fd: RawFd, level: i32, name: i32, val: &T) -> io::Result<()> {
     // Safety: `val` points to a live `T` of the size passed.
