@@ -46,10 +46,11 @@ NETNS_SWITCH_PORT_TABLE=inc_switch_ports
 # PMD) and XDP see frames before that hook, so the switch is unaffected; what goes is
 # the kernel's own IPv4 receive of every data frame (route lookup for an address it
 # does not own, then a drop: IpInAddrErrors), measured at 4-8 % of a 64 MiB AllReduce.
-# Without nft the kernel keeps doing that work and nothing else changes.
+# Without nft, or with INC_NETNS_KERNEL_RX=1 (to measure the difference), the kernel
+# keeps doing that work and nothing else changes.
 netns_switch_port_no_kernel_rx() {
     local ns="$1" ifn="$2" t="$NETNS_SWITCH_PORT_TABLE"
-    command -v nft >/dev/null || return 0
+    command -v nft >/dev/null && [ "${INC_NETNS_KERNEL_RX:-0}" != 1 ] || return 0
     ip netns exec "$ns" nft add table netdev "$t"
     ip netns exec "$ns" nft add chain netdev "$t" "port_${ifn//[^A-Za-z0-9_]/_}" \
         "{ type filter hook ingress device \"$ifn\" priority 0; policy accept; }"

@@ -664,6 +664,13 @@ impl Transport for UdpTransport {
                 }
             }
             c.fire_timers();
+            // Finished by what just arrived: return now. The ACK it owes the switch
+            // goes out from the progress thread, or with the next collective's first
+            // frames, instead of delaying the caller by a send and a switch wake-up.
+            if let Some(done) = c.engine.poll_completion() {
+                trace!(stats = ?c.io.stats(), "collective finished");
+                return done.map_err(|e| self.fail(e.to_string()));
+            }
             if last_rx.elapsed() >= stall_limit {
                 return Err(self.fail(format!(
                     "{:?} of {} elements made no progress for {stall_limit:?}: nothing received \
