@@ -75,6 +75,27 @@ pub fn netns_ready(test: &str) -> bool {
     }
 }
 
+/// The shortest of 20 idle waits of `timeout`: `wait` waits once and returns whether it
+/// saw anything (it must not: nothing is sent). Each wait is checked to last at least
+/// `timeout`; the minimum shows whether a wait can end below a millisecond at all,
+/// which single waits on a loaded machine may not.
+pub fn shortest_idle_wait(
+    timeout: std::time::Duration,
+    mut wait: impl FnMut(std::time::Duration) -> bool,
+) -> std::time::Duration {
+    (0..20)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            let ready = wait(timeout);
+            let took = start.elapsed();
+            assert!(!ready, "an idle wait reported readiness");
+            assert!(took >= timeout, "woke after {took:?}, before the {timeout:?} timeout");
+            took
+        })
+        .min()
+        .expect("20 waits")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
