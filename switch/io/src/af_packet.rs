@@ -145,6 +145,8 @@ struct PortSock {
     host_port: bool,
     /// The port's peer is a port of this backend ([`AfPacketConfig::gso_links`]).
     gso_link: bool,
+    /// The kernel refused a GSO frame on this socket: no more of them.
+    gso_refused: bool,
 }
 
 /// The AF_PACKET backend.
@@ -320,6 +322,7 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
         whole_gso_frames,
         host_port: false,
         gso_link: gso_link && vnet,
+        gso_refused: false,
     };
     Ok((sock, desc))
 }
@@ -533,7 +536,9 @@ impl AfPacketBackend {
     fn send_port(&mut self, port: usize) -> usize {
         let sock = &self.socks[port];
         let (fd, vnet) = (sock.fd.as_raw_fd(), sock.vnet);
-        let gso = vnet && ((sock.host_port && sock.whole_gso_frames) || sock.gso_link);
+        let gso = vnet
+            && !sock.gso_refused
+            && ((sock.host_port && sock.whole_gso_frames) || sock.gso_link);
         let staged: Vec<(usize, usize)> =
             self.tx.port_frames(port).map(|(i, f)| (i, f.len())).collect();
         if staged.is_empty() {
@@ -599,6 +604,15 @@ impl AfPacketBackend {
                 let e = std::io::Error::last_os_error();
                 if rc < 0 && e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
+                }
+                // A kernel without UDP GSO in virtio-net headers (before Linux 6.2)
+                // refuses the GSO frame: frame by frame from now on on this port, and
+                // RC resends what is dropped here.
+                let refused = matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP));
+                if rc < 0 && runs[sent] > 1 && refused {
+                    let s = &mut self.socks[port];
+                    warn!(iface = %s.label, error = %e, "UDP GSO frames refused: sending frame by frame");
+                    s.gso_refused = true;
                 }
                 let dropped: usize = runs[sent..].iter().sum();
                 self.counters[port].tx_dropped += dropped as u64;

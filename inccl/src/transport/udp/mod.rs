@@ -340,7 +340,12 @@ impl RoceSocket {
 fn bind_socket(ip: Ipv4Addr, port: u16) -> io::Result<UdpSocket> {
     let sock = UdpSocket::bind(SocketAddrV4::new(ip, port))?;
     sys::set_pmtudisc_do(sock.as_fd())?;
-    sys::set_udp_gro(sock.as_fd())?;
+    if let Err(e) = sys::set_udp_gro(sock.as_fd()) {
+        // Before Linux 5.0. GSO frames from an af_packet switch would then arrive cut
+        // into datagrams whose IPv4 IDs this socket cannot see, and fail the ICRC
+        // check; frames sent one by one (every other backend) are unaffected.
+        tracing::warn!(%ip, error = %e, "UDP_GRO unavailable: GSO frames from a switch will fail the ICRC check");
+    }
     sys::set_buffers(sock.as_fd(), RCVBUF, SNDBUF);
     sock.set_nonblocking(true)?;
     Ok(sock)
