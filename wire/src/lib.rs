@@ -16,6 +16,7 @@ pub mod bth;
 mod error;
 pub mod ethernet;
 pub mod ext;
+pub mod gso;
 pub mod icrc;
 pub mod imm;
 pub mod ipv4;

@@ -209,7 +209,7 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
             // A GSO link's slots hold a whole GSO frame (up to 64 KiB of UDP payload);
             // half as many of them, as each usually holds several frames.
             let (frame, slots) = if gso_link {
-                (GSO_MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.block_count * 2)
+                (inc_wire::gso::MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.block_count * 2)
             } else {
                 (mtu.unwrap_or(1500) as usize + 14, cfg.block_count * 4)
             };
@@ -652,11 +652,6 @@ const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
 const VIRTIO_NET_HDR_GSO_UDP_L4: u8 = 5;
 /// Ethernet (14) + IPv4 without options (20) + UDP (8).
 const UDP_PAYLOAD_AT: usize = 42;
-/// Most datagrams in one UDP GSO frame (`UDP_MAX_SEGMENTS` of older kernels).
-const GSO_MAX_SEGMENTS: usize = 64;
-/// Most UDP payload bytes of one GSO frame (an IPv4 datagram's limit).
-const GSO_MAX_PAYLOAD: usize = 65_535 - 20 - 8;
-
 /// True for an Ethernet/IPv4 (no options)/UDP frame with a payload.
 fn is_plain_udp(f: &[u8]) -> bool {
     f.len() > UDP_PAYLOAD_AT && f[12..14] == [0x08, 0x00] && f[14] == 0x45 && f[23] == 17
@@ -676,33 +671,16 @@ fn same_flow(prev: &[u8], next: &[u8]) -> bool {
 /// of one flow, all but the last with the UDP payload size of the first, within the
 /// kernel's limits.
 fn gso_runs(tx: &TxStaging, staged: &[(usize, usize)]) -> Vec<usize> {
+    let frame = |k: usize| tx.frame_at(staged[k].0, staged[k].1);
+    let payload = |k: usize| staged[k].1.saturating_sub(UDP_PAYLOAD_AT);
     let mut runs = Vec::new();
-    let mut i = 0;
-    while i < staged.len() {
-        let first = tx.frame_at(staged[i].0, staged[i].1);
-        let size = staged[i].1;
-        let mut count = 1;
-        let mut payload = size.saturating_sub(UDP_PAYLOAD_AT);
-        if is_plain_udp(first) {
-            while i + count < staged.len()
-                && staged[i + count - 1].1 == size
-                && count < GSO_MAX_SEGMENTS
-            {
-                let (j, len) = staged[i + count];
-                let next = tx.frame_at(j, len);
-                if len > size
-                    || !same_flow(first, next)
-                    || payload + len - UDP_PAYLOAD_AT > GSO_MAX_PAYLOAD
-                {
-                    break;
-                }
-                payload += len - UDP_PAYLOAD_AT;
-                count += 1;
-            }
-        }
-        runs.push(count);
-        i += count;
-    }
+    inc_wire::gso::runs(
+        staged.len(),
+        payload,
+        payload,
+        |first, next| is_plain_udp(frame(first)) && same_flow(frame(first), frame(next)),
+        |_, count| runs.push(count),
+    );
     runs
 }
 
@@ -712,19 +690,13 @@ fn gso_runs(tx: &TxStaging, staged: &[(usize, usize)]) -> Vec<usize> {
 /// header.
 fn stamp_gso_run(tx: &mut TxStaging, run: &[(usize, usize)]) -> VirtioNetHdr {
     let (i0, len0) = run[0];
-    let base = u16::from_be_bytes([tx.frame_at(i0, len0)[18], tx.frame_at(i0, len0)[19]]);
+    let first = tx.frame_at(i0, len0);
+    let base = u16::from_be_bytes([first[18], first[19]]);
     let mut payload = 0;
     for (k, &(i, len)) in run.iter().enumerate() {
         payload += len - UDP_PAYLOAD_AT;
         if k > 0 {
-            let f = tx.frame_at_mut(i, len);
-            let old = u16::from_be_bytes([f[18], f[19]]);
-            let new = base.wrapping_add(k as u16);
-            let (covered, icrc) = f[14..].split_at_mut(len - 14 - inc_wire::icrc::ICRC_LEN);
-            covered[4..6].copy_from_slice(&new.to_be_bytes());
-            let crc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-            let crc = inc_wire::icrc::with_ident(crc, old, new, covered.len());
-            icrc.copy_from_slice(&crc.to_le_bytes());
+            inc_wire::gso::restamp_ident(tx.frame_at_mut(i, len), base.wrapping_add(k as u16));
         }
     }
     let f = tx.frame_at_mut(i0, len0);

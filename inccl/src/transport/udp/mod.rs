@@ -251,8 +251,7 @@ impl RoceSocket {
             for j in 1..count {
                 let i = first + j;
                 let frame = &mut self.tx[i * SLOT..i * SLOT + lens[i]];
-                let (from, to) = if forward { (0, j as u16) } else { (j as u16, 0) };
-                restamp_ident(frame, from, to);
+                inc_wire::gso::restamp_ident(frame, if forward { j as u16 } else { 0 });
             }
         }
     }
@@ -718,12 +717,6 @@ fn is_local_drop(e: &io::Error) -> bool {
     )
 }
 
-/// Most datagrams the kernel accepts in one UDP GSO send (`UDP_MAX_SEGMENTS` of older
-/// kernels).
-const GSO_MAX_SEGMENTS: usize = 64;
-/// Most bytes of one UDP GSO send: the largest UDP payload of an IPv4 datagram.
-const GSO_MAX_BYTES: usize = 65_535 - 20 - 8;
-
 /// The GSO segment size of a batch (its largest UDP payload), if GSO can help: at
 /// least two frames of that size.
 fn gso_segment_size(lens: &[usize]) -> Option<usize> {
@@ -731,26 +724,20 @@ fn gso_segment_size(lens: &[usize]) -> Option<usize> {
     (lens.iter().filter(|&&l| l - HEADERS == size).count() >= 2).then_some(size)
 }
 
-/// Split a batch into GSO sends `(first frame, frames)`: consecutive frames, all but
-/// the last exactly `size` bytes of UDP payload, within the kernel's limits.
+/// Split a batch into GSO sends `(first frame, frames)` with segments of `size` bytes
+/// (one size for the whole `sendmmsg`, as its control message is shared).
 fn gso_runs(lens: &[usize], size: usize, runs: &mut [(usize, usize)]) -> usize {
     let mut nruns = 0;
-    let mut i = 0;
-    while i < lens.len() {
-        let first = i;
-        let mut bytes = lens[i] - HEADERS;
-        i += 1;
-        while i < lens.len()
-            && lens[i - 1] - HEADERS == size
-            && i - first < GSO_MAX_SEGMENTS
-            && bytes + lens[i] - HEADERS <= GSO_MAX_BYTES
-        {
-            bytes += lens[i] - HEADERS;
-            i += 1;
-        }
-        runs[nruns] = (first, i - first);
-        nruns += 1;
-    }
+    inc_wire::gso::runs(
+        lens.len(),
+        |i| lens[i] - HEADERS,
+        |_| size,
+        |_, _| true,
+        |f, c| {
+            runs[nruns] = (f, c);
+            nruns += 1;
+        },
+    );
     nruns
 }
 
@@ -760,17 +747,6 @@ fn plain_runs(n: usize, runs: &mut [(usize, usize)]) -> usize {
         *r = (i, 1);
     }
     n
-}
-
-/// Give a complete frame (with its ICRC) another IPv4 identification, re-stamping the
-/// ICRC that covers it.
-fn restamp_ident(frame: &mut [u8], from: u16, to: u16) {
-    let len = frame.len();
-    let (covered, icrc) = frame[14..].split_at_mut(len - 14 - inc_wire::icrc::ICRC_LEN);
-    covered[4..6].copy_from_slice(&to.to_be_bytes());
-    let old = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-    let new = inc_wire::icrc::with_ident(old, from, to, covered.len());
-    icrc.copy_from_slice(&new.to_le_bytes());
 }
 
 /// Errors of a UDP GSO send that mean "not on this socket or route" (no checksum
@@ -845,27 +821,5 @@ mod tests {
         assert_eq!(runs_of(&[ACK; 64]), [(0, 64)]);
         // Nothing to batch.
         assert_eq!(gso_segment_size(&[DATA, ACK]), None);
-    }
-
-    #[test]
-    fn restamped_frames_carry_a_valid_icrc_for_their_segment_ident() {
-        use inc_wire::{BthRepr, EthAddrs, Opcode, Psn, RoceRepr};
-        let mut r = RoceRepr::new(
-            EthAddrs { src: EthernetAddress([2, 0, 0, 0, 0, 1]), dst: EthernetAddress([2; 6]) },
-            Ipv4Addr::new(10, 1, 1, 21),
-            Ipv4Addr::new(10, 1, 1, 1),
-            inc_wire::ROCEV2_PORT,
-            BthRepr::new(Opcode::RcSendOnly, 0x101, Psn::new(77)),
-        );
-        r.payload_len = 4096;
-        let mut frame = vec![0u8; DATA];
-        let n = r.emit(&mut frame, |p| p.fill(0x5a)).unwrap();
-        assert_eq!(n, DATA);
-        let original = frame.clone();
-        restamp_ident(&mut frame, 0, 9);
-        assert_eq!(&frame[18..20], &[0, 9], "IPv4 ID");
-        assert!(inc_wire::icrc::verify(&frame[14..]), "ICRC valid for ID 9");
-        restamp_ident(&mut frame, 9, 0);
-        assert_eq!(frame, original, "undone exactly");
     }
 }

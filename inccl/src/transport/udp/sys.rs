@@ -77,34 +77,18 @@ pub(crate) fn send_batch(
         return Ok(0);
     }
     let addrs = [Some(SockaddrIn::from(to)); BATCH];
-    let result = match gso_size {
-        Some(size) => {
-            let mut hdrs = MultiHeaders::<SockaddrIn>::preallocate(n, Some(nix::cmsg_space!(u16)));
-            let cmsgs = [ControlMessage::UdpGsoSegments(&size)];
-            sendmmsg(
-                fd.as_raw_fd(),
-                &mut hdrs,
-                &msgs[..n],
-                &addrs[..n],
-                cmsgs,
-                MsgFlags::MSG_DONTWAIT,
-            )
-            .map(|sent| sent.count())
-        }
-        None => {
-            let mut hdrs = MultiHeaders::<SockaddrIn>::preallocate(n, None);
-            let none: [ControlMessage<'_>; 0] = [];
-            sendmmsg(
-                fd.as_raw_fd(),
-                &mut hdrs,
-                &msgs[..n],
-                &addrs[..n],
-                none,
-                MsgFlags::MSG_DONTWAIT,
-            )
-            .map(|sent| sent.count())
-        }
-    };
+    let gso = gso_size.as_ref().map(ControlMessage::UdpGsoSegments);
+    let mut hdrs =
+        MultiHeaders::<SockaddrIn>::preallocate(n, gso.is_some().then(|| nix::cmsg_space!(u16)));
+    let result = sendmmsg(
+        fd.as_raw_fd(),
+        &mut hdrs,
+        &msgs[..n],
+        &addrs[..n],
+        gso.as_slice(),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map(|sent| sent.count());
     match result {
         Ok(sent) => Ok(sent),
         Err(Errno::EAGAIN) => Ok(0),
