@@ -18,6 +18,7 @@ mod time;
 
 pub use frame::RcAddressing;
 pub use rc::{
-    Inbound, RcConfig, RcConnection, RcCounters, RcFailure, RcTimers, RttEstimator, SendError,
+    timers_for_window, Inbound, RcConfig, RcConnection, RcCounters, RcFailure, RcTimers,
+    RttEstimator, SendError,
 };
 pub use time::{earliest, Time};

@@ -59,7 +59,12 @@ fn acks_match_rxe_byte_for_byte() {
         assert_eq!(conn.on_packet(Time::ZERO, &send.repr.bth, None), Inbound::Request);
         conn.accept(Time::ZERO);
         let mut buf = [0u8; 128];
-        let len = conn.poll_transmit(Time::ZERO, &mut buf).expect("AckReq set: ACK at once");
+        // AckReq set: the ACK waits (for a request of ours to travel with) no longer
+        // than `ack_req_delay`.
+        assert_eq!(conn.poll_transmit(Time::ZERO, &mut buf), None);
+        let due = Time::ZERO + RcTimers::default().ack_req_delay;
+        assert_eq!(conn.poll_timeout(), Some(due));
+        let len = conn.poll_transmit(due, &mut buf).expect("AckReq set: ACK when due");
         // rxe numbers IPv4 IDs; our frames carry ID 0 by contract (ARCHITECTURE.md), so
         // compare with rxe's ACK re-emitted with ID 0 (IPv4 checksum and ICRC follow).
         let mut want = ack.repr;

@@ -22,6 +22,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use inc_switch_io::af_packet::{AfPacketBackend, AfPacketConfig, RxRing};
 use inc_switch_io::af_xdp::{AfXdpBackend, AfXdpConfig};
+use inc_switch_io::in_process::InProcessLinks;
 use inc_switch_io::libpcap::{PcapBackend, PcapConfig};
 use inc_switch_io::link_emu::LinkEmuBackend;
 use inc_switch_io::memory::MemoryBackend;
@@ -132,6 +133,13 @@ struct RunArgs {
     /// Do not put the interfaces in promiscuous mode.
     #[arg(long)]
     no_promisc: bool,
+    /// How a link between two switches of this process (per --topology) carries
+    /// frames: memory (moved from one port's transmit to the other's receive inside the
+    /// process: no system call, skb or wake-up per frame) or wire (over the interfaces
+    /// as between processes, so `tcpdump` on the link sees them). Links between
+    /// switches on different --workers always use the wire.
+    #[arg(long, value_enum, default_value = "memory")]
+    internal_links: InternalLinks,
     /// Data-plane threads; the logical switches are split over them (an engine is
     /// driven by one thread). 0: one per logical switch, at most one per CPU. Default 1:
     /// measured faster than 2 on a 2-core machine that also runs the hosts
@@ -175,6 +183,14 @@ struct RunArgs {
     /// topology's `emulate:` settings on the ports it applies to.
     #[arg(long = "link-emu")]
     link_emu: Vec<link_emu::LinkEmuArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum InternalLinks {
+    /// In memory.
+    Memory,
+    /// Over the interfaces.
+    Wire,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -226,6 +242,10 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
         stats_listen: args.stats_listen.clone(),
         capture: args.capture.clone(),
         link_emu: link_emu::resolve(&args.link_emu, &plans, topology.as_ref())?,
+        in_process_links: match args.internal_links {
+            InternalLinks::Memory => spec::internal_link_pairs(&plans, topology.as_ref()),
+            InternalLinks::Wire => Vec::new(),
+        },
     };
     let mut n_workers = match args.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(plans.len()),
@@ -248,7 +268,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 block_timeout_ms: args.rx_block_timeout_ms,
                 tx_batch: args.tx_batch,
                 promiscuous: !args.no_promisc,
-                gso_links: spec::internal_links(&plans, topology.as_ref()),
+                gso_links: wire_links_in_process(&plans, topology.as_ref(), &groups, &shared),
                 ..AfPacketConfig::default()
             };
             let open = |s: &[PortSpec]| AfPacketBackend::open(s, cfg.clone());
@@ -342,6 +362,13 @@ where
     for g in groups {
         let specs = workers::group_specs(plans, g);
         let backend = open(&specs).with_context(|| format!("opening {what} ports"))?;
+        let index = |p: &PortSpec| specs.iter().position(|s| s == p);
+        let links: Vec<(usize, usize)> = shared
+            .in_process_links
+            .iter()
+            .filter_map(|(a, b)| Some((index(a)?, index(b)?)))
+            .collect();
+        let backend = InProcessLinks::new(backend, &links).context("in-process links")?;
         backends.push(with_link_emu(backend, g, shared)?);
     }
     let final_stats = workers::run(backends, groups, plans, shared)?;
@@ -361,6 +388,30 @@ fn run_with<B: Backend + 'static>(
     let final_stats = workers::run(vec![backend], &[all], plans, shared)?;
     println!("{}", serde_json::to_string_pretty(&final_stats)?);
     Ok(())
+}
+
+/// The interfaces of the links between two switches of this process that use the
+/// wire: all of them with `--internal-links wire`, else those whose ends are served by
+/// different workers.
+fn wire_links_in_process(
+    plans: &[SwitchPlan],
+    topology: Option<&Topology>,
+    groups: &[Vec<usize>],
+    shared: &workers::Shared,
+) -> Vec<PortSpec> {
+    let same_worker = |a: &PortSpec, b: &PortSpec| {
+        groups.iter().any(|g| {
+            let specs = workers::group_specs(plans, g);
+            specs.contains(a) && specs.contains(b)
+        })
+    };
+    spec::internal_link_pairs(plans, topology)
+        .into_iter()
+        .filter(|(a, b)| {
+            !(shared.in_process_links.contains(&(a.clone(), b.clone())) && same_worker(a, b))
+        })
+        .flat_map(|(a, b)| [a, b])
+        .collect()
 }
 
 /// `backend` (serving the switches `group`) behind the `--link-emu` of its ports.

@@ -183,10 +183,13 @@ pub fn resolve(
     Ok(plans)
 }
 
-/// Interfaces of the ports whose link (in `topology`) joins two switches of `plans`,
-/// i.e. both ends are served by this process: what a backend may treat as its own
-/// on both sides (see `AfPacketConfig::gso_links`).
-pub fn internal_links(plans: &[SwitchPlan], topology: Option<&Topology>) -> Vec<PortSpec> {
+/// The two interfaces of every link (in `topology`) that joins two switches of `plans`,
+/// i.e. both ends are served by this process (see `--internal-links` and
+/// `AfPacketConfig::gso_links`).
+pub fn internal_link_pairs(
+    plans: &[SwitchPlan],
+    topology: Option<&Topology>,
+) -> Vec<(PortSpec, PortSpec)> {
     let Some(t) = topology else { return Vec::new() };
     let iface = |r: &inc_topology::PortRef| {
         let sw = t.switches.get(r.switch)?;
@@ -194,7 +197,7 @@ pub fn internal_links(plans: &[SwitchPlan], topology: Option<&Topology>) -> Vec<
         let plan = plans.iter().find(|p| p.name == sw.name)?;
         plan.ports.iter().find(|p| p.port == port.name).map(|p| p.iface.clone())
     };
-    t.links.iter().filter_map(|l| Some([iface(&l.a)?, iface(&l.b)?])).flatten().collect()
+    t.links.iter().filter_map(|l| Some((iface(&l.a)?, iface(&l.b)?))).collect()
 }
 
 #[cfg(test)]

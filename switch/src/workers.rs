@@ -37,6 +37,8 @@ pub struct Shared {
     pub capture: Option<PathBuf>,
     /// `--link-emu`, per plan, per port.
     pub link_emu: Vec<Vec<inc_switch_io::link_emu::PortLinkEmu>>,
+    /// Links carried in memory where a worker serves both ends (`--internal-links`).
+    pub in_process_links: Vec<(PortSpec, PortSpec)>,
 }
 
 /// Split switches (indices into `plans`) over at most `workers` groups, balancing the

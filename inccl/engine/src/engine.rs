@@ -89,7 +89,7 @@ impl HostEngine {
             max_payload: mtu.max(inc_protocol::coll::HEADER_LEN),
             // W data chunks plus the control message.
             send_queue: window as usize + 2,
-            timers: opts.timers,
+            timers: inc_protocol::timers_for_window(opts.timers, window as usize),
         });
         let coll = HostCollective::new(CollectiveConfig {
             rank: config.rank,

@@ -22,7 +22,7 @@ use crate::time::{earliest, Time};
 use requester::Entry;
 use responder::Response;
 pub use rtt::RttEstimator;
-pub use types::{Inbound, RcConfig, RcCounters, RcFailure, RcTimers, SendError};
+pub use types::{timers_for_window, Inbound, RcConfig, RcCounters, RcFailure, RcTimers, SendError};
 
 /// One RC endpoint (requester + responder).
 #[derive(Debug)]
@@ -186,7 +186,13 @@ impl RcConnection {
         if self.failed.is_some() {
             return None;
         }
-        self.poll_request(now, buf)
+        let len = self.poll_request(now, buf)?;
+        // A deferred ACK goes right behind the request it waited for (the next call
+        // returns it): the peer finds both in the same batch.
+        if self.ack_due.is_some() {
+            self.pending = Some(Response::Ack);
+        }
+        Some(len)
     }
 
     /// Earliest time [`handle_timeout`](Self::handle_timeout) must run.

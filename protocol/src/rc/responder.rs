@@ -1,5 +1,5 @@
 //! The responder half of an RC connection: expected PSN and MSN, one NAK per gap,
-//! re-ACKed duplicates, coalesced ACKs and RNR NAKs.
+//! re-ACKed duplicates, coalesced and deferred ACKs and RNR NAKs.
 
 use inc_wire::{AethRepr, AethSyndrome, NakCode, Psn};
 
@@ -55,10 +55,12 @@ impl RcConnection {
         self.nak_sent = false;
         self.counters.rx_requests += 1;
         self.unacked += 1;
-        if ack_req || self.unacked >= self.cfg.timers.ack_coalesce {
+        let t = &self.cfg.timers;
+        if self.unacked >= t.ack_coalesce || (ack_req && t.ack_req_delay.is_zero()) {
             self.pending = Some(Response::Ack);
-        } else if self.pending.is_none() && self.ack_due.is_none() {
-            self.ack_due = Some(now + self.cfg.timers.ack_delay);
+        } else if self.pending.is_none() {
+            let due = now + if ack_req { t.ack_req_delay } else { t.ack_delay };
+            self.ack_due = Some(self.ack_due.map_or(due, |d| d.min(due)));
         }
     }
 

@@ -28,6 +28,12 @@ pub struct RcTimers {
     pub ack_coalesce: u32,
     /// ... or this long after the first unacknowledged accepted packet.
     pub ack_delay: Duration,
+    /// How long an ACK the peer asked for (AckReq) may wait for a request of ours to
+    /// travel with: sent right behind that request, in the same batch, the peer reads
+    /// both after one wake-up instead of two. Zero ACKs at once. Keep it well under
+    /// the peer's RTO floor, and `ack_coalesce` under half the peer's window so a
+    /// requester with nothing coming back never waits on it for window space.
+    pub ack_req_delay: Duration,
     /// Timer code the responder puts in RNR NAKs (IBA table; 10 = 0.32 ms).
     pub rnr_timer: u8,
     /// Requests further than this from the expected PSN (ahead or behind) are dropped
@@ -46,10 +52,19 @@ impl Default for RcTimers {
             ack_req_every: 8,
             ack_coalesce: 16,
             ack_delay: Duration::from_micros(200),
+            ack_req_delay: Duration::from_micros(200),
             rnr_timer: 10,
             psn_window: 1 << 16,
         }
     }
+}
+
+/// `timers` for a connection whose peer keeps `window` requests in flight: ACKs
+/// coalesce over at most half of it, so a deferred ACK never holds the peer's window
+/// shut.
+pub fn timers_for_window(timers: RcTimers, window: usize) -> RcTimers {
+    let half = u32::try_from(window / 2).unwrap_or(u32::MAX).max(1);
+    RcTimers { ack_coalesce: timers.ack_coalesce.min(half), ..timers }
 }
 
 /// Configuration of one RC connection.

@@ -17,9 +17,12 @@
 //! the `dpdk` module (DPDK ethdevs over the system libdpdk); all but `memory` are Linux
 //! only. All `unsafe` of the switch lives in this crate, in the backend modules.
 //!
-//! [`link_emu`] wraps any backend to emulate lossy, slow or misbehaving links.
+//! [`link_emu`] wraps any backend to emulate lossy, slow or misbehaving links;
+//! [`in_process`] wraps any backend to carry links between two of its own ports in
+//! memory.
 
 pub mod backend;
+pub mod in_process;
 pub mod link_emu;
 pub mod memory;
 

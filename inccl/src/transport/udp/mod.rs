@@ -13,7 +13,10 @@
 //! Inside a collective the caller's thread drives the engine; between collectives a
 //! progress thread does (ACKs, RNR NAKs, RC timers), as an RDMA NIC would, so the
 //! switch's RC connection never times out while the application computes. The thread
-//! sleeps in `ppoll` on the socket and the engine's next timer.
+//! sleeps in `ppoll` on the engine's next timer, and on the socket too once no
+//! collective has run for [`CALLER_GRACE`]: while collectives follow each other, their
+//! callers read every datagram, and a second thread woken by each of them would only
+//! cost a wake-up per datagram on a busy machine.
 
 mod port;
 mod sys;
@@ -22,7 +25,7 @@ use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -53,6 +56,11 @@ const SLOT: usize = 4608;
 const RX_SLOT: usize = HEADERS + 65_536;
 /// Receive buffers per `recvmmsg`.
 const RX_BATCH: usize = 16;
+/// How long after a collective the progress thread leaves the socket to the next
+/// collective's caller (it still runs the RC timers, e.g. a deferred ACK). Well under
+/// the switch's RTO floor (1 ms), so a request that does arrive in between is ACKed
+/// before the switch resends it.
+const CALLER_GRACE: Duration = Duration::from_micros(500);
 /// Socket buffer sizes; a full window of packets must fit in the receive buffer.
 const RCVBUF: usize = 16 << 20;
 const SNDBUF: usize = 4 << 20;
@@ -379,6 +387,8 @@ struct Core {
     engine: HostEngine,
     switch: SocketAddrV4,
     switch_mac: EthernetAddress,
+    /// When the last collective returned (the QP's creation before the first).
+    last_collective: Instant,
 }
 
 impl Core {
@@ -442,13 +452,22 @@ impl Core {
 
     /// Between collectives: ACK (or RNR-NAK) what arrives and run the RC timers, as an
     /// RDMA NIC does without the application, so the switch's connection never
-    /// exhausts its retries while the application computes.
-    fn service_idle(&mut self) -> io::Result<()> {
+    /// exhausts its retries while the application computes. Returns how long the
+    /// progress thread may sleep and whether it must watch the socket meanwhile.
+    fn service_idle(&mut self) -> (Option<Duration>, bool) {
         let mut none = OpBuffers::None;
-        self.receive(&mut none)?;
-        self.fire_timers();
-        self.flush(&none)?;
-        Ok(())
+        let serviced = self.receive(&mut none).and_then(|_| {
+            self.fire_timers();
+            self.flush(&none)
+        });
+        if let Err(e) = serviced {
+            debug!(error = %e, "progress thread: socket error");
+        }
+        let timer = self.next_timer();
+        match CALLER_GRACE.checked_sub(self.last_collective.elapsed()) {
+            Some(left) if !left.is_zero() => (Some(timer.map_or(left, |t| t.min(left))), false),
+            _ => (timer, true),
+        }
     }
 }
 
@@ -475,14 +494,19 @@ impl Drop for Progress {
     }
 }
 
-fn progress_loop(core: Arc<Mutex<Core>>, sock: Arc<UdpSocket>, stop: Arc<AtomicBool>) {
+fn progress_loop(
+    core: Arc<Mutex<Core>>,
+    sock: Arc<UdpSocket>,
+    inbox: Arc<Inbox>,
+    stop: Arc<AtomicBool>,
+) {
     while !stop.load(Ordering::Relaxed) {
-        let (timer, inbox) = {
-            let mut c = lock(&core);
-            if let Err(e) = c.service_idle() {
-                debug!(error = %e, "progress thread: socket error");
-            }
-            (c.next_timer(), c.qp.inbox_handle())
+        let (timer, watch_socket) = match core.try_lock() {
+            Ok(mut c) => c.service_idle(),
+            // Every step leaves the engine consistent; a panic elsewhere does not poison it.
+            Err(TryLockError::Poisoned(p)) => p.into_inner().service_idle(),
+            // A collective runs: its caller reads the socket and runs the timers.
+            Err(TryLockError::WouldBlock) => (Some(CALLER_GRACE), false),
         };
         // Receiving drained the inbox's wake-up socket, which also carries the stop
         // request: look again before sleeping on it.
@@ -490,9 +514,11 @@ fn progress_loop(core: Arc<Mutex<Core>>, sock: Arc<UdpSocket>, stop: Arc<AtomicB
             break;
         }
         // A timer already due makes this return at once; `service_idle` fires it next.
-        wait(&[sock.as_fd(), inbox.wake_fd()], PollFlags::POLLIN, timer).ok();
-        // While a collective runs, the caller holds the lock and this thread waits on
-        // it above instead of spinning on the readable socket.
+        if watch_socket {
+            wait(&[sock.as_fd(), inbox.wake_fd()], PollFlags::POLLIN, timer).ok();
+        } else {
+            wait(&[inbox.wake_fd()], PollFlags::POLLIN, timer).ok();
+        }
     }
 }
 
@@ -614,13 +640,14 @@ impl Transport for UdpTransport {
             engine: HostEngine::with_options(config, opts),
             switch: SocketAddrV4::new(ep.switch_ip, inc_wire::ROCEV2_PORT),
             switch_mac: ep.switch_mac,
+            last_collective: Instant::now(),
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (core, stop) = (core.clone(), stop.clone());
+            let (core, inbox, stop) = (core.clone(), inbox.clone(), stop.clone());
             std::thread::Builder::new()
                 .name(format!("inccl-progress-{}", ep.comm_id))
-                .spawn(move || progress_loop(core, sock, stop))
+                .spawn(move || progress_loop(core, sock, inbox, stop))
                 .map_err(|e| {
                     Error::io(format!("rank {}: starting the progress thread", self.rank), e)
                 })?
@@ -632,12 +659,21 @@ impl Transport for UdpTransport {
         Ok(())
     }
 
-    fn run(&mut self, spec: CollectiveSpec, mut bufs: OpBuffers<'_>) -> Result<()> {
+    fn run(&mut self, spec: CollectiveSpec, bufs: OpBuffers<'_>) -> Result<()> {
         let Some(core) = self.core.clone() else {
             return Err(Error::Unusable("communicator", "its QP is not connected".into()));
         };
         // Held for the whole collective: the progress thread only runs between them.
         let mut c = lock(&core);
+        let result = self.drive(&mut c, spec, bufs);
+        c.last_collective = Instant::now();
+        result
+    }
+}
+
+impl UdpTransport {
+    /// Runs one collective to its end on the locked QP.
+    fn drive(&self, c: &mut Core, spec: CollectiveSpec, mut bufs: OpBuffers<'_>) -> Result<()> {
         let now = c.now();
         c.engine.start(now, spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         // Backstop for the engine's own progress timeout (which names the stalled PSN

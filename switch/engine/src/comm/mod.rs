@@ -139,7 +139,7 @@ impl Comm {
                     max_payload: mtu.max(coll::HEADER_LEN),
                     // Two windows of data: one being acknowledged, one being filled.
                     send_queue: 2 * window + CONTROL_RESERVE,
-                    timers: cfg.timers,
+                    timers: inc_protocol::timers_for_window(cfg.timers, window),
                 }),
                 port: ports[i],
                 peer: c.peer,

@@ -1,0 +1,261 @@
+//! [`InProcessLinks`]: links whose two ends are ports of the same backend, carried in
+//! memory instead of through the kernel.
+//!
+//! When one process serves both switches of a link (all switches in one process, the
+//! default of `scripts/demo` and `inc-bench`), sending a frame out of one port only to
+//! read it back from the other costs a system call, an skb, a copy into the receive
+//! ring and a wake-up per frame, on the thread that is the emulator's bottleneck. The
+//! middleware moves such frames from one port's transmit to the other port's receive
+//! queue with one copy. Everything above it sees the same frames on the same ports in
+//! the same order; what is lost is only the frames' passage over the interface
+//! (`tcpdump` on the link sees none; `inc-switch --capture` still records them).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::backend::{Backend, IoError, PortCounters, PortDesc, Waker};
+
+/// Most frames in flight on all in-process links together; more are dropped (and
+/// counted as the receiving port's `rx_dropped`), as a full receive ring would.
+const QUEUE_LIMIT: usize = 8192;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct LinkCounters {
+    tx_packets: u64,
+    tx_bytes: u64,
+    rx_packets: u64,
+    rx_bytes: u64,
+    rx_dropped: u64,
+}
+
+/// A [`Backend`] whose in-process links (pairs of its own ports) carry frames in
+/// memory; every other port is the inner backend's.
+#[derive(Debug)]
+pub struct InProcessLinks<B> {
+    inner: B,
+    /// `peer[p]`: the port at the other end of port `p`'s in-process link.
+    peer: Vec<Option<usize>>,
+    /// Frames on their way: (receiving port, frame).
+    queue: VecDeque<(usize, Vec<u8>)>,
+    /// Buffers of delivered frames, reused.
+    pool: Vec<Vec<u8>>,
+    /// Frames committed to the queue since the last flush.
+    unflushed: usize,
+    counters: Vec<LinkCounters>,
+}
+
+impl<B: Backend> InProcessLinks<B> {
+    /// Wrap `inner`; each pair in `links` names two of its ports (indices) joined by a
+    /// link. A port may be in one pair only.
+    pub fn new(inner: B, links: &[(usize, usize)]) -> Result<Self, IoError> {
+        let n = inner.ports().len();
+        let mut peer = vec![None; n];
+        for &(a, b) in links {
+            let label = |p: usize| inner.ports().get(p).map(|d| d.spec.label());
+            if a == b || a >= n || b >= n || peer[a].is_some() || peer[b].is_some() {
+                return Err(IoError::Config(format!(
+                    "in-process link {a}-{b} ({:?} - {:?}): each end must be a different port \
+                     of this backend ({n} ports), in no other link",
+                    label(a),
+                    label(b)
+                )));
+            }
+            peer[a] = Some(b);
+            peer[b] = Some(a);
+            tracing::info!(a = ?label(a), b = ?label(b), "link carried in memory");
+        }
+        Ok(InProcessLinks {
+            inner,
+            peer,
+            queue: VecDeque::new(),
+            pool: Vec::new(),
+            unflushed: 0,
+            counters: vec![LinkCounters::default(); n],
+        })
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+}
+
+impl<B: Backend> Backend for InProcessLinks<B> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn ports(&self) -> &[PortDesc] {
+        self.inner.ports()
+    }
+
+    fn recv_batch(
+        &mut self,
+        budget: usize,
+        sink: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<usize, IoError> {
+        let mut n = 0;
+        while n < budget {
+            let Some((port, frame)) = self.queue.pop_front() else { break };
+            let c = &mut self.counters[port];
+            c.rx_packets += 1;
+            c.rx_bytes += frame.len() as u64;
+            sink(port, &frame);
+            self.pool.push(frame);
+            n += 1;
+        }
+        if n >= budget {
+            return Ok(n);
+        }
+        Ok(n + self.inner.recv_batch(budget - n, sink)?)
+    }
+
+    fn tx_buffer(&mut self) -> Option<&mut [u8]> {
+        self.inner.tx_buffer()
+    }
+
+    fn commit_tx(&mut self, port: usize, len: usize) {
+        let Some(to) = self.peer.get(port).copied().flatten() else {
+            return self.inner.commit_tx(port, len);
+        };
+        // The contract: until committed, tx_buffer returns the same buffer again, so
+        // the frame stays where the caller wrote it and the buffer is free for the next.
+        let Some(buf) = self.inner.tx_buffer() else { return };
+        let frame = &buf[..len.min(buf.len())];
+        let c = &mut self.counters[port];
+        c.tx_packets += 1;
+        c.tx_bytes += frame.len() as u64;
+        self.unflushed += 1;
+        if self.queue.len() >= QUEUE_LIMIT {
+            self.counters[to].rx_dropped += 1;
+            return;
+        }
+        let mut copy = self.pool.pop().unwrap_or_default();
+        copy.clear();
+        copy.extend_from_slice(frame);
+        self.queue.push_back((to, copy));
+    }
+
+    fn flush(&mut self) -> Result<usize, IoError> {
+        let moved = std::mem::take(&mut self.unflushed);
+        Ok(moved + self.inner.flush()?)
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.inner.max_frame_len()
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {
+        if !self.queue.is_empty() {
+            return Ok(());
+        }
+        self.inner.wait(timeout)
+    }
+
+    fn waker(&self) -> Waker {
+        self.inner.waker()
+    }
+
+    fn port_counters(&mut self, port: usize) -> PortCounters {
+        let mut c = self.inner.port_counters(port);
+        let l = self.counters[port];
+        c.tx_packets += l.tx_packets;
+        c.tx_bytes += l.tx_bytes;
+        c.rx_packets += l.rx_packets;
+        c.rx_bytes += l.rx_bytes;
+        c.rx_dropped += l.rx_dropped;
+        c
+    }
+
+    fn port_detail(&self, port: usize) -> Option<String> {
+        let inner = self.inner.port_detail(port);
+        let Some(peer) = self.peer[port] else { return inner };
+        let link = format!("in-process link to {}", self.inner.ports()[peer].spec.label());
+        Some(match inner {
+            Some(d) => format!("{d}; {link}"),
+            None => link,
+        })
+    }
+
+    fn set_host_port(&mut self, port: usize) {
+        self.inner.set_host_port(port);
+    }
+
+    fn link_emu_stats(&self, port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {
+        self.inner.link_emu_stats(port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryBackend;
+    use crate::PortSpec;
+
+    fn backend(ports: usize) -> (InProcessLinks<MemoryBackend>, crate::memory::MemoryNet) {
+        let specs: Vec<PortSpec> = (0..ports).map(|i| format!("p{i}").parse().unwrap()).collect();
+        let (b, net) = MemoryBackend::new(specs, 64);
+        (InProcessLinks::new(b, &[(1, 2)]).unwrap(), net)
+    }
+
+    fn send(b: &mut impl Backend, port: usize, frame: &[u8]) {
+        let buf = b.tx_buffer().unwrap();
+        buf[..frame.len()].copy_from_slice(frame);
+        b.commit_tx(port, frame.len());
+    }
+
+    fn recv_all(b: &mut impl Backend) -> Vec<(usize, Vec<u8>)> {
+        let mut got = Vec::new();
+        b.recv_batch(usize::MAX, &mut |p, f| got.push((p, f.to_vec()))).unwrap();
+        got
+    }
+
+    #[test]
+    fn linked_ports_exchange_frames_in_order_and_others_use_the_wire() {
+        let (mut b, net) = backend(3);
+        send(&mut b, 1, b"one");
+        send(&mut b, 0, b"wire");
+        send(&mut b, 2, b"back");
+        send(&mut b, 1, b"two");
+        assert_eq!(b.flush().unwrap(), 4);
+        assert_eq!(net.drain(), vec![(0, b"wire".to_vec())]);
+        net.inject(0, b"from outside");
+        assert_eq!(
+            recv_all(&mut b),
+            vec![
+                (2, b"one".to_vec()),
+                (1, b"back".to_vec()),
+                (2, b"two".to_vec()),
+                (0, b"from outside".to_vec())
+            ]
+        );
+        let c1 = b.port_counters(1);
+        assert_eq!((c1.tx_packets, c1.rx_packets, c1.tx_bytes), (2, 1, 6));
+        assert!(b.port_detail(1).unwrap().contains("p2"));
+        assert_eq!(b.port_detail(0), None);
+    }
+
+    #[test]
+    fn budget_leaves_the_rest_queued_and_wait_returns_at_once() {
+        let (mut b, _net) = backend(3);
+        for i in 0..5u8 {
+            send(&mut b, 2, &[i]);
+        }
+        let mut got = Vec::new();
+        assert_eq!(b.recv_batch(3, &mut |_, f| got.push(f[0])).unwrap(), 3);
+        // Frames are queued: no blocking however long the timeout.
+        b.wait(Some(Duration::from_secs(3600))).unwrap();
+        b.recv_batch(10, &mut |_, f| got.push(f[0])).unwrap();
+        assert_eq!(got, [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn bad_pairs_are_refused_naming_the_ports() {
+        let specs: Vec<PortSpec> = (0..3).map(|i| format!("p{i}").parse().unwrap()).collect();
+        for links in [vec![(0, 0)], vec![(0, 3)], vec![(0, 1), (1, 2)]] {
+            let (b, _) = MemoryBackend::new(specs.clone(), 4);
+            let e = InProcessLinks::new(b, &links).unwrap_err();
+            assert!(e.to_string().contains("in-process link"), "{e}");
+        }
+    }
+}
