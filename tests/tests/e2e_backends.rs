@@ -3,8 +3,8 @@
 //! process per switch and several data-plane workers. The shipped MTU 4096 makes af_xdp
 //! frames span two UMEM chunks; `af_xdp_mtu1024` keeps the one-chunk path covered
 //! (`tests/topologies/1-2-4-mtu1024.yaml`). The
-//! af_packet matrix of collectives lives in `e2e_netns`; here af_packet runs the worker
-//! and process variants. Skips when not root (fails instead when CI=true).
+//! af_packet matrix of collectives lives in `e2e_netns`; here af_packet runs the worker,
+//! process and `--internal-links wire` variants. Skips when not root (fails instead when CI=true).
 
 use inc_tests::cases::{collective_args, host_bin, run_checked};
 
@@ -96,6 +96,13 @@ fn af_packet_two_workers() {
 #[test]
 fn af_packet_three_workers() {
     with_workers("af_packet", "aw3", "3");
+}
+
+/// One process, one worker, the switch <-> switch frames over the veths (GSO frames
+/// split in place) instead of in memory.
+#[test]
+fn af_packet_internal_links_on_the_wire() {
+    collective("af_packet", "awi", "allreduce", "int32", &["--internal-links", "wire"]);
 }
 
 #[test]

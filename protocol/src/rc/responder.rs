@@ -113,6 +113,71 @@ mod tests {
     use super::super::tests::cfg;
     use super::*;
 
+    fn ack_psns(c: &mut RcConnection, now: Time) -> Vec<(bool, Psn)> {
+        let mut buf = vec![0u8; 2048];
+        let mut out = Vec::new();
+        while let Some(len) = c.poll_transmit(now, &mut buf) {
+            let f = RoceRepr::parse(&buf[..len]).unwrap();
+            out.push((f.repr.ext.aeth.is_some(), f.repr.bth.psn));
+        }
+        out
+    }
+
+    /// A requested ACK waits for a request of ours and then travels right behind it,
+    /// or goes alone when `ack_req_delay` has passed.
+    #[test]
+    fn requested_ack_is_deferred_then_follows_a_request_or_falls_due() {
+        let mut b = RcConnection::new(cfg(2, 1, 8));
+        let t0 = Time::ZERO;
+        let psn = Psn::new(0xFF_FFF1);
+        let mut bth = BthRepr::new(inc_wire::Opcode::RcSendOnly, 0x102, psn);
+        bth.ack_req = true;
+        assert_eq!(b.on_packet(t0, &bth, None), Inbound::Request);
+        b.accept(t0);
+        let due = t0 + b.cfg.timers.ack_req_delay;
+        assert!(!b.wants_transmit(t0));
+        assert_eq!(b.poll_timeout(), Some(due));
+        // A request of ours first, the ACK right behind it.
+        b.send(None, b"result").unwrap();
+        let sent = ack_psns(&mut b, t0);
+        assert_eq!(sent, vec![(false, b.cfg.send_start_psn), (true, psn)]);
+        // Nothing to send: the ACK goes when due, not before.
+        bth.psn = psn + 1;
+        assert_eq!(b.on_packet(t0, &bth, None), Inbound::Request);
+        b.accept(t0);
+        assert_eq!(ack_psns(&mut b, t0), vec![]);
+        assert_eq!(ack_psns(&mut b, due), vec![(true, psn + 1)]);
+        // With no delay configured, AckReq is answered at once.
+        let mut c = cfg(2, 1, 8);
+        c.timers.ack_req_delay = std::time::Duration::ZERO;
+        let mut b = RcConnection::new(c);
+        bth.psn = psn;
+        assert_eq!(b.on_packet(t0, &bth, None), Inbound::Request);
+        b.accept(t0);
+        assert_eq!(ack_psns(&mut b, t0), vec![(true, psn)]);
+    }
+
+    /// Coalescing never covers more than half the peer's window, so a deferred ACK
+    /// cannot hold a requester with nothing coming back.
+    #[test]
+    fn coalescing_is_capped_at_half_the_window() {
+        let t = crate::RcTimers::default();
+        assert_eq!(crate::timers_for_window(t, 64).ack_coalesce, t.ack_coalesce.min(32));
+        assert_eq!(crate::timers_for_window(t, 8).ack_coalesce, 4);
+        assert_eq!(crate::timers_for_window(t, 1).ack_coalesce, 1);
+        let mut c = cfg(2, 1, 8);
+        c.timers = crate::timers_for_window(c.timers, 4);
+        let mut b = RcConnection::new(c);
+        let psn = Psn::new(0xFF_FFF1);
+        let t0 = Time::ZERO;
+        for i in 0..2 {
+            let bth = BthRepr::new(inc_wire::Opcode::RcSendOnly, 0x102, psn + i);
+            assert_eq!(b.on_packet(t0, &bth, None), Inbound::Request);
+            b.accept(t0);
+        }
+        assert_eq!(ack_psns(&mut b, t0), vec![(true, psn + 1)]);
+    }
+
     #[test]
     fn duplicate_reacked_and_far_psn_dropped() {
         let mut b = RcConnection::new(cfg(2, 1, 4));
