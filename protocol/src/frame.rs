@@ -6,6 +6,7 @@
 
 use std::net::Ipv4Addr;
 
+use inc_wire::icrc::PayloadCrc;
 use inc_wire::{AethRepr, BthRepr, EthAddrs, EthernetAddress, ExtHeaders, Opcode, Psn, RoceRepr};
 
 /// Ethernet + IPv4 + UDP + BTH, the fixed header prefix of every emitted frame.
@@ -60,19 +61,26 @@ impl RcAddressing {
     }
 
     /// Writes a SEND_ONLY (or SEND_ONLY_WITH_IMMEDIATE when `imm` is set) request with
-    /// `payload`, AckReq clear. Returns the frame length, or `None` if `buf` is too small.
+    /// `payload`, AckReq clear. With `payload_crc` (the CRC of `payload` and its pad, for
+    /// a payload sent in several frames) the ICRC is derived from it instead of a pass
+    /// over the payload. Returns the frame length, or `None` if `buf` is too small or
+    /// `payload_crc` covers another length.
     pub fn emit_send(
         &self,
         buf: &mut [u8],
         psn: Psn,
         imm: Option<u32>,
         payload: &[u8],
+        payload_crc: Option<&PayloadCrc>,
     ) -> Option<usize> {
         let opcode =
             if imm.is_some() { Opcode::RcSendOnlyWithImmediate } else { Opcode::RcSendOnly };
         let ext = ExtHeaders { imm, ..ExtHeaders::default() };
         let repr = self.repr(BthRepr::new(opcode, self.peer_qpn, psn), ext, payload.len());
-        repr.emit(buf, |p| p.copy_from_slice(payload)).ok()
+        match payload_crc {
+            Some(crc) => repr.emit_with_payload_crc(buf, payload, crc).ok(),
+            None => repr.emit(buf, |p| p.copy_from_slice(payload)).ok(),
+        }
     }
 
     /// Writes an ACKNOWLEDGE with `aeth`. Returns the frame length.
@@ -90,15 +98,14 @@ pub fn set_ack_req(frame: &mut [u8], ack_req: bool) {
     if cur == ack_req {
         return;
     }
-    frame[a] = (frame[a] & 0x7f) | if ack_req { 0x80 } else { 0 };
-    reseal(frame);
-}
-
-/// Recomputes the ICRC (the last 4 bytes) of an emitted frame.
-pub fn reseal(frame: &mut [u8]) {
+    frame[a] ^= 0x80;
+    // The ICRC covers the IPv4 header onward; patch it for the one flipped bit instead
+    // of a pass over the payload.
+    const IP_OFFSET: usize = 14;
     let n = frame.len();
-    let crc = inc_wire::icrc::compute(&frame[14..n - 4]);
-    frame[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    let icrc = u32::from_le_bytes(frame[n - 4..].try_into().expect("4-byte ICRC"));
+    let icrc = inc_wire::icrc::with_xor(icrc, a - IP_OFFSET, &[0x80], n - 4 - IP_OFFSET);
+    frame[n - 4..].copy_from_slice(&icrc.to_le_bytes());
 }
 
 /// Writes the destination MAC (not covered by the ICRC).
@@ -110,4 +117,38 @@ pub fn set_dst_mac(frame: &mut [u8], mac: EthernetAddress) {
 /// hosts sharing an IP listen on their own ports). Zero-copy; the ICRC covers the ports.
 pub fn parse_any_port(frame: &[u8]) -> inc_wire::Result<inc_wire::RoceFrame<'_>> {
     RoceRepr::parse_any_port(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addressing() -> RcAddressing {
+        RcAddressing {
+            local_mac: EthernetAddress([2, 0, 0, 0, 0, 1]),
+            local_ip: Ipv4Addr::new(10, 0, 0, 1),
+            local_udp_port: 49152,
+            local_qpn: 0x11,
+            peer_mac: Some(EthernetAddress([2, 0, 0, 0, 0, 2])),
+            peer_ip: Ipv4Addr::new(10, 0, 0, 2),
+            peer_udp_port: inc_wire::ROCEV2_PORT,
+            peer_qpn: 0x22,
+        }
+    }
+
+    #[test]
+    fn set_ack_req_keeps_the_icrc_valid_both_ways() {
+        for len in [0usize, 1, 3, 4, 1023, 4096] {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let mut buf = vec![0u8; max_frame_len(len)];
+            let n = addressing().emit_send(&mut buf, Psn::new(5), Some(9), &payload, None).unwrap();
+            let frame = &mut buf[..n];
+            for ack_req in [true, false, true] {
+                set_ack_req(frame, ack_req);
+                let parsed = parse_any_port(frame).expect("ICRC must still match");
+                assert_eq!(parsed.repr.bth.ack_req, ack_req, "len {len}");
+                assert_eq!(parsed.payload, &payload[..], "len {len}");
+            }
+        }
+    }
 }

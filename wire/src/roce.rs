@@ -322,6 +322,31 @@ impl RoceRepr {
     /// and the ICRC. Fails without calling `fill_payload` if `buf` is too small, the
     /// extension headers do not match the opcode, or a field is out of range.
     pub fn emit(&self, buf: &mut [u8], fill_payload: impl FnOnce(&mut [u8])) -> Result<usize> {
+        self.emit_with(buf, fill_payload, None)
+    }
+
+    /// Like [`Self::emit`] with `payload` copied in and the ICRC derived from
+    /// `payload_crc` (its CRC with the pad, [`icrc::PayloadCrc`]) instead of a pass over
+    /// the payload: for one payload sent in several frames. Fails if `payload_crc` was
+    /// computed over another length than `payload_len`.
+    pub fn emit_with_payload_crc(
+        &self,
+        buf: &mut [u8],
+        payload: &[u8],
+        payload_crc: &icrc::PayloadCrc,
+    ) -> Result<usize> {
+        if payload.len() != self.payload_len || payload_crc.payload_len() != self.payload_len {
+            return Err(malformed("RoceRepr payload_len", "payload or its CRC has another length"));
+        }
+        self.emit_with(buf, |p| p.copy_from_slice(payload), Some(payload_crc))
+    }
+
+    fn emit_with(
+        &self,
+        buf: &mut [u8],
+        fill_payload: impl FnOnce(&mut [u8]),
+        payload_crc: Option<&icrc::PayloadCrc>,
+    ) -> Result<usize> {
         self.check_consistent()?;
         let len = self.frame_len();
         if buf.len() < len {
@@ -391,11 +416,15 @@ impl RoceRepr {
             buf[at..at + IMM_LEN].copy_from_slice(&i.to_be_bytes());
             at += IMM_LEN;
         }
+        let headers_end = at;
         fill_payload(&mut buf[at..at + self.payload_len]);
         at += self.payload_len;
         buf[at..at + pad].fill(0);
         at += pad;
-        let icrc = icrc::compute(&buf[ip_at..at]);
+        let icrc = match payload_crc {
+            Some(pc) => icrc::with_payload_crc(&buf[ip_at..headers_end], pc),
+            None => icrc::compute(&buf[ip_at..at]),
+        };
         buf[at..at + ICRC_LEN].copy_from_slice(&icrc.to_le_bytes());
         Ok(len)
     }
@@ -435,6 +464,25 @@ mod tests {
         // A flipped payload bit breaks only the ICRC.
         buf[n - 6] ^= 1;
         assert!(!RoceRepr::parse(&buf[..n]).unwrap().icrc_ok);
+    }
+
+    #[test]
+    fn payload_crc_gives_the_same_frame_for_every_pad() {
+        for len in [0usize, 1, 2, 3, 4, 4095, 4096] {
+            let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut r = base(Opcode::RcSendOnlyWithImmediate);
+            r.ext.imm = Some(7);
+            r.payload_len = len;
+            let pc = icrc::PayloadCrc::new(&payload);
+            let (mut a, mut b) = (vec![0u8; 4200], vec![0u8; 4200]);
+            let n = r.emit(&mut a, |p| p.copy_from_slice(&payload)).unwrap();
+            assert_eq!(r.emit_with_payload_crc(&mut b, &payload, &pc).unwrap(), n);
+            assert_eq!(a[..n], b[..n], "payload of {len} bytes");
+            let short = icrc::PayloadCrc::new(&payload[..len.saturating_sub(1)]);
+            if len > 0 {
+                assert!(r.emit_with_payload_crc(&mut b, &payload, &short).is_err());
+            }
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The requester half of an RC connection: the queue of unacknowledged frames,
 //! go-back-N on sequence NAKs, RNR waits and timeouts, AckReq pacing and tail probes.
 
+use inc_wire::icrc::PayloadCrc;
 use inc_wire::{AethRepr, AethSyndrome, EthernetAddress, NakCode, Psn};
 
 use super::responder::Response;
@@ -39,6 +40,27 @@ impl RcConnection {
     /// Queues one message (single-packet SEND). Fails with the message handed back
     /// when the send queue is full or the connection failed.
     pub fn send(&mut self, imm: Option<u32>, payload: &[u8]) -> Result<Psn, SendError> {
+        self.enqueue(imm, payload, None)
+    }
+
+    /// Like [`Self::send`] for a payload that goes out on several connections:
+    /// `payload_crc` (its [`PayloadCrc::new`], computed once) saves the pass
+    /// over the payload that computing each frame's ICRC would take.
+    pub fn send_shared(
+        &mut self,
+        imm: Option<u32>,
+        payload: &[u8],
+        payload_crc: &PayloadCrc,
+    ) -> Result<Psn, SendError> {
+        self.enqueue(imm, payload, Some(payload_crc))
+    }
+
+    fn enqueue(
+        &mut self,
+        imm: Option<u32>,
+        payload: &[u8],
+        payload_crc: Option<&PayloadCrc>,
+    ) -> Result<Psn, SendError> {
         if let Some(f) = self.failed {
             return Err(SendError::Failed(f));
         }
@@ -51,11 +73,12 @@ impl RcConnection {
         let cap = frame::max_frame_len(self.cfg.max_payload);
         let mut buf = self.pool.pop().unwrap_or_else(|| vec![0; cap]);
         let psn = self.next_psn;
-        let len = self
-            .cfg
-            .addr
-            .emit_send(&mut buf, psn, imm, payload)
-            .ok_or(SendError::TooLarge { len: payload.len(), max: self.cfg.max_payload })?;
+        let Some(len) = self.cfg.addr.emit_send(&mut buf, psn, imm, payload, payload_crc) else {
+            self.pool.push(buf);
+            // `buf` holds the largest frame, so only the CRC's length can be wrong.
+            let crc_len = payload_crc.map_or(0, PayloadCrc::payload_len);
+            return Err(SendError::PayloadCrcMismatch { len: payload.len(), crc_len });
+        };
         self.next_psn = psn.next();
         self.queue.push_back(Entry { psn, buf, len, first_sent: None, retransmitted: false });
         Ok(psn)

@@ -213,6 +213,14 @@ pub enum SendError {
         /// Maximum.
         max: usize,
     },
+    /// The payload CRC handed to `send_shared` was computed over another payload length.
+    #[error("payload CRC computed over {crc_len} bytes, the payload has {len}")]
+    PayloadCrcMismatch {
+        /// Payload length.
+        len: usize,
+        /// Payload length the CRC was computed over.
+        crc_len: usize,
+    },
     /// The connection failed earlier.
     #[error("connection failed: {0}")]
     Failed(RcFailure),

@@ -8,7 +8,7 @@ use inc_protocol::coll;
 use super::collective::ExpectedData;
 use super::failure::Verdict;
 use super::slots::Contribution;
-use super::{Comm, Disposition};
+use super::{shared_crc, Comm, Disposition};
 use crate::SwitchEvent;
 
 impl Comm {
@@ -112,9 +112,10 @@ impl Comm {
             self.counters.backpressure_rnr += 1;
             return Disposition::Rnr;
         }
+        let crc = shared_crc(payload, roles.down_to_children.len());
         for child in roles.down_to_children.iter() {
             let to = self.child_conn[child];
-            let psn = self.conns[to].send_data(payload);
+            let psn = self.conns[to].send_data(payload, crc.as_ref());
             self.note_result_sent(coll_idx, child, to, psn);
         }
         self.counters.chunks_down += 1;
@@ -149,14 +150,15 @@ impl Comm {
             }
             let op = self.collectives[coll_idx].claim.expect("ready").op;
             let data = self.slots.aggregate(slot, &op, roles.contributors);
-            if roles.up_to_parent {
-                if let Some(parent) = self.parent {
-                    self.conns[parent].send_data(data);
-                }
+            let to_parent = self.parent.filter(|_| roles.up_to_parent);
+            let crc =
+                shared_crc(data, usize::from(to_parent.is_some()) + roles.up_to_children.len());
+            if let Some(parent) = to_parent {
+                self.conns[parent].send_data(data, crc.as_ref());
             }
             for child in roles.up_to_children.iter() {
                 let to = self.child_conn[child];
-                let psn = self.conns[to].send_data(data);
+                let psn = self.conns[to].send_data(data, crc.as_ref());
                 // `note_result_sent` inline: `data` borrows the slot pool.
                 if roles.delivery_from_children.contains(child) && self.conns[to].is_host() {
                     self.collectives[coll_idx].unacked_results[to].extend(psn);

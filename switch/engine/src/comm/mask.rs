@@ -38,6 +38,11 @@ impl ChildMask {
         self.0[child / 64] & (1 << (child % 64)) != 0
     }
 
+    /// Number of children in the set.
+    pub(crate) fn len(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.0.iter().all(|w| *w == 0)
     }

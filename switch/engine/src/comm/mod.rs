@@ -24,6 +24,7 @@ use std::net::Ipv4Addr;
 use inc_ctrl_proto::{Peer, SwitchRules};
 use inc_protocol::coll::{self, CollOp, CtrlMsg, NO_RANK};
 use inc_protocol::{earliest, Inbound, RcAddressing, RcConfig, RcConnection, Time};
+use inc_wire::icrc::PayloadCrc;
 use inc_wire::{EthernetAddress, Psn, RoceRepr};
 
 use crate::{CommCounters, ConnCounters, SwitchEngineConfig, SwitchEvent, Transmit};
@@ -59,6 +60,12 @@ struct Conn {
     failed: bool,
 }
 
+/// The CRC of a chunk that goes out on `destinations` connections, when computing it
+/// once beats computing each frame's ICRC over the chunk (two or more).
+fn shared_crc(data: &[u8], destinations: usize) -> Option<PayloadCrc> {
+    (destinations > 1).then(|| PayloadCrc::new(data))
+}
+
 impl Conn {
     fn is_host(&self) -> bool {
         matches!(self.peer, Peer::Host { .. })
@@ -69,12 +76,17 @@ impl Conn {
     }
 
     /// Queues one data chunk; `None` when the connection failed (its collectives fail
-    /// separately) or, which room checks rule out, the queue is full.
-    fn send_data(&mut self, data: &[u8]) -> Option<Psn> {
+    /// separately) or, which room checks rule out, the queue is full. `shared_crc` is
+    /// the chunk's CRC when it goes to several connections ([`shared_crc`]).
+    fn send_data(&mut self, data: &[u8], shared_crc: Option<&PayloadCrc>) -> Option<Psn> {
         if self.failed {
             return None;
         }
-        let psn = self.rc.send(None, data).ok()?;
+        let sent = match shared_crc {
+            Some(crc) => self.rc.send_shared(None, data, crc),
+            None => self.rc.send(None, data),
+        };
+        let psn = sent.ok()?;
         self.tx_data += 1;
         Some(psn)
     }

@@ -124,7 +124,7 @@ proptest::proptest! {
                 }
                 _ => None,
             };
-            let n = addr.emit_send(&mut frame, psn, imm, &payload).unwrap();
+            let n = addr.emit_send(&mut frame, psn, imm, &payload, None).unwrap();
             psn = psn.next();
             let now = Time::from_nanos(i as u64 * 1000);
             sw.handle_frame(now, 0, &frame[..n]);
