@@ -13,6 +13,14 @@ use inc_wire::{AethRepr, BthRepr, EthAddrs, EthernetAddress, ExtHeaders, Opcode,
 pub const HEADERS_LEN: usize = 14 + 20 + 8 + inc_wire::BTH_LEN;
 /// Offset of the BTH in an emitted frame.
 pub const BTH_OFFSET: usize = 14 + 20 + 8;
+/// Offset of a SEND request's payload: behind the 4-byte ImmDt header when it has one.
+pub const fn send_payload_offset(imm: Option<u32>) -> usize {
+    match imm {
+        Some(_) => HEADERS_LEN + 4,
+        None => HEADERS_LEN,
+    }
+}
+
 /// Largest frame for a given payload: headers, ImmDt or AETH (4), payload, pad (<= 3), ICRC.
 pub const fn max_frame_len(payload: usize) -> usize {
     HEADERS_LEN + 4 + payload + 3 + 4
@@ -81,6 +89,24 @@ impl RcAddressing {
             Some(crc) => repr.emit_with_payload_crc(buf, payload, crc).ok(),
             None => repr.emit(buf, |p| p.copy_from_slice(payload)).ok(),
         }
+    }
+
+    /// Writes the headers and ICRC of a SEND_ONLY (with immediate when `imm` is set)
+    /// request whose `payload_len` payload bytes are already in `buf` at
+    /// [`send_payload_offset`]`(imm)`. Returns the frame length, or `None` if `buf` is
+    /// too small.
+    pub fn emit_send_in_place(
+        &self,
+        buf: &mut [u8],
+        psn: Psn,
+        imm: Option<u32>,
+        payload_len: usize,
+    ) -> Option<usize> {
+        let opcode =
+            if imm.is_some() { Opcode::RcSendOnlyWithImmediate } else { Opcode::RcSendOnly };
+        let ext = ExtHeaders { imm, ..ExtHeaders::default() };
+        let repr = self.repr(BthRepr::new(opcode, self.peer_qpn, psn), ext, payload_len);
+        repr.emit(buf, |_| {}).ok()
     }
 
     /// Writes an ACKNOWLEDGE with `aeth`. Returns the frame length.

@@ -56,7 +56,6 @@ pub struct HostEngine {
     opts: HostOptions,
     coll: HostCollective,
     rc: RcConnection,
-    scratch: Vec<u8>,
     last_progress: Time,
     counters: HostCounters,
 }
@@ -102,7 +101,6 @@ impl HostEngine {
             opts,
             coll,
             rc,
-            scratch: vec![0; mtu.max(inc_protocol::coll::HEADER_LEN)],
             last_progress: Time::ZERO,
             counters: HostCounters::default(),
         }
@@ -192,11 +190,15 @@ impl HostEngine {
             return Some(len);
         }
         while self.rc.send_room() > 0 {
-            let Some(m) = self.coll.poll_send(bufs, &mut self.scratch) else { break };
-            if let Err(e) = self.rc.send(m.imm, &self.scratch[..m.len]) {
-                let psn = self.rc.oldest_unacked().unwrap_or(self.rc.expected_psn()).value();
-                self.coll.fail(HostError::ConnectionFailed { psn, reason: e.to_string() });
-                break;
+            let coll = &mut self.coll;
+            match self.rc.send_in_place(|out| coll.poll_send(bufs, out).map(|m| (m.imm, m.len))) {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => {
+                    let psn = self.rc.oldest_unacked().unwrap_or(self.rc.expected_psn()).value();
+                    self.coll.fail(HostError::ConnectionFailed { psn, reason: e.to_string() });
+                    break;
+                }
             }
         }
         let len = self.rc.poll_transmit(now, buf)?;

@@ -55,6 +55,44 @@ impl RcConnection {
         self.enqueue(imm, payload, Some(payload_crc))
     }
 
+    /// Queues one message written in place, without a staging copy: `write` gets the
+    /// payload area of a free send-queue buffer (`max_payload` bytes) and returns the
+    /// message's immediate and payload length, or `None` to queue nothing (`Ok(None)`).
+    /// A message with an immediate is moved 4 bytes up to make room for the ImmDt
+    /// header, so write large messages without one.
+    pub fn send_in_place(
+        &mut self,
+        write: impl FnOnce(&mut [u8]) -> Option<(Option<u32>, usize)>,
+    ) -> Result<Option<Psn>, SendError> {
+        if let Some(f) = self.failed {
+            return Err(SendError::Failed(f));
+        }
+        if self.queue.len() >= self.cfg.send_queue {
+            return Err(SendError::QueueFull);
+        }
+        let max = self.cfg.max_payload;
+        let mut buf = self.pool.pop().unwrap_or_else(|| vec![0; frame::max_frame_len(max)]);
+        let at = frame::send_payload_offset(None);
+        let Some((imm, len)) = write(&mut buf[at..at + max]) else {
+            self.pool.push(buf);
+            return Ok(None);
+        };
+        if len > max {
+            self.pool.push(buf);
+            return Err(SendError::TooLarge { len, max });
+        }
+        buf.copy_within(at..at + len, frame::send_payload_offset(imm));
+        let psn = self.next_psn;
+        let len = self
+            .cfg
+            .addr
+            .emit_send_in_place(&mut buf, psn, imm, len)
+            .expect("the buffer holds the largest frame");
+        self.next_psn = psn.next();
+        self.queue.push_back(Entry { psn, buf, len, first_sent: None, retransmitted: false });
+        Ok(Some(psn))
+    }
+
     fn enqueue(
         &mut self,
         imm: Option<u32>,
@@ -266,6 +304,51 @@ mod tests {
 
     use super::super::tests::cfg;
     use super::*;
+
+    /// Messages written in place are the frames `send` and `send_shared` make of the
+    /// same message, with and without an immediate; `None` queues nothing.
+    #[test]
+    fn in_place_and_shared_sends_make_the_frames_send_makes() {
+        let payload: Vec<u8> = (0..1021u32).map(|i| (i * 13) as u8).collect();
+        let mut frames = [Vec::new(), Vec::new(), Vec::new()];
+        for imm in [None, Some(0xdead_beef)] {
+            for len in [0, 1, 4, 1021, 1024] {
+                let payload = &payload[..len.min(payload.len())];
+                let mut conns: Vec<RcConnection> =
+                    (0..3).map(|_| RcConnection::new(cfg(1, 2, 8))).collect();
+                conns[0].send(imm, payload).unwrap();
+                conns[1].send_shared(imm, payload, &PayloadCrc::new(payload)).unwrap();
+                assert_eq!(conns[2].send_in_place(|_| None), Ok(None));
+                let psn = conns[2]
+                    .send_in_place(|area| {
+                        area[..payload.len()].copy_from_slice(payload);
+                        Some((imm, payload.len()))
+                    })
+                    .unwrap();
+                assert_eq!(psn, Some(conns[0].oldest_unacked().unwrap()));
+                for (c, f) in conns.iter_mut().zip(&mut frames) {
+                    let mut buf = vec![0u8; 2048];
+                    let n = c.poll_transmit(Time::ZERO, &mut buf).unwrap();
+                    *f = buf[..n].to_vec();
+                }
+                assert_eq!(frames[0], frames[1], "send_shared, imm {imm:?}, {len} bytes");
+                assert_eq!(frames[0], frames[2], "send_in_place, imm {imm:?}, {len} bytes");
+                let parsed = RoceRepr::parse(&frames[2]).unwrap();
+                assert!(parsed.icrc_ok);
+                assert_eq!((parsed.payload, parsed.repr.ext.imm), (payload, imm));
+            }
+        }
+        let mut c = RcConnection::new(cfg(1, 2, 8));
+        assert_eq!(
+            c.send_in_place(|_| Some((None, 1025))),
+            Err(SendError::TooLarge { len: 1025, max: 1024 })
+        );
+        assert_eq!(
+            c.send_shared(None, b"abcd", &PayloadCrc::new(b"abc")),
+            Err(SendError::PayloadCrcMismatch { len: 4, crc_len: 3 })
+        );
+        assert_eq!(c.queued(), 0);
+    }
 
     /// A peer that, like rxe, ACKs only packets with AckReq, fed one message at a time
     /// faster than the round trip: no timeouts, and far fewer ACKs than messages.
