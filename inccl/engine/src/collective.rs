@@ -205,9 +205,23 @@ impl HostCollective {
         Ok(())
     }
 
+    /// Whether [`Self::poll_send`] has a message now (the Start, or data the window
+    /// allows), so a caller can skip fetching a buffer for nothing.
+    pub fn has_send(&self) -> bool {
+        self.active.as_ref().is_some_and(|a| {
+            !a.start_sent
+                || (a.sends_data
+                    && a.next_send < a.chunks
+                    && a.next_send < a.completed + u64::from(self.cfg.window))
+        })
+    }
+
     /// Writes the next message to send into `out` (at least `mtu` bytes), if the window
     /// allows one.
     pub fn poll_send(&mut self, bufs: &OpBuffers<'_>, out: &mut [u8]) -> Option<OutMessage> {
+        if !self.has_send() {
+            return None;
+        }
         let a = self.active.as_mut()?;
         if !a.start_sent {
             let msg = CtrlMsg::Start {
@@ -225,12 +239,6 @@ impl HostCollective {
                 self.fail(e);
             }
             return Some(OutMessage { imm: Some(imm), len: coll::HEADER_LEN });
-        }
-        if !a.sends_data
-            || a.next_send >= a.chunks
-            || a.next_send >= a.completed + u64::from(self.cfg.window)
-        {
-            return None;
         }
         let (off, len) = coll::chunk_range(a.next_send, a.bytes, self.cfg.mtu);
         if len > 0 {

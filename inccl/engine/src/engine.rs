@@ -189,7 +189,7 @@ impl HostEngine {
             self.counters.tx_frames += 1;
             return Some(len);
         }
-        while self.rc.send_room() > 0 {
+        while self.rc.send_room() > 0 && self.coll.has_send() {
             let coll = &mut self.coll;
             match self.rc.send_in_place(|out| coll.poll_send(bufs, out).map(|m| (m.imm, m.len))) {
                 Ok(Some(_)) => {}

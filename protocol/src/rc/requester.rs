@@ -81,7 +81,10 @@ impl RcConnection {
             self.pool.push(buf);
             return Err(SendError::TooLarge { len, max });
         }
-        buf.copy_within(at..at + len, frame::send_payload_offset(imm));
+        let to = frame::send_payload_offset(imm);
+        if to != at {
+            buf.copy_within(at..at + len, to);
+        }
         let psn = self.next_psn;
         let len = self
             .cfg

@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::combine_kernels;
+use super::{combine_kernels, convert_kernel, Order};
 use crate::imm::{DataType, Operator};
 
 /// Instruction-set levels, best last.
@@ -98,6 +98,37 @@ fn combine_sse41(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) ->
     combine_kernels(op, dtype, acc, other)
 }
 
+/// [`super::to_network`] / [`super::from_network`] on the best build for this CPU;
+/// `None` when that is the portable one.
+#[inline]
+pub(super) fn convert(order: Order, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    convert_at(level(), order, src, dst)
+}
+
+/// The conversion build for `level`, checked like [`combine_at`].
+fn convert_at(want: Level, order: Order, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    if want > level() {
+        return None;
+    }
+    match want {
+        // Safety: `want <= level()`, and `detect` saw AVX2 on this CPU.
+        Level::Avx2 => Some(unsafe { convert_avx2(order, src, dst) }),
+        // Safety: `want <= level()`, and `detect` saw SSSE3 and SSE4.1 on this CPU.
+        Level::Sse41 => Some(unsafe { convert_sse41(order, src, dst) }),
+        Level::Portable => None,
+    }
+}
+
+#[target_feature(enable = "avx2")]
+fn convert_avx2(order: Order, src: &[u8], dst: &mut [u8]) -> usize {
+    convert_kernel(order, src, dst)
+}
+
+#[target_feature(enable = "ssse3,sse4.1")]
+fn convert_sse41(order: Order, src: &[u8], dst: &mut [u8]) -> usize {
+    convert_kernel(order, src, dst)
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -105,6 +136,33 @@ mod tests {
     use super::super::combine_be_portable;
     use super::super::tests::{dtype_strategy, element, op_strategy};
     use super::*;
+
+    proptest! {
+        /// Every conversion build gives the portable build's bytes, both ways, on
+        /// lengths that exercise the vector loops and their tails, with `dst` shorter
+        /// or longer than `src`.
+        #[test]
+        fn every_conversion_build_matches_the_portable_one(
+            src in proptest::collection::vec(any::<u8>(), 0..1300),
+            dst_len in 0usize..1300,
+        ) {
+            for order in [super::super::Order::ToNetwork, super::super::Order::FromNetwork] {
+                let mut want = vec![0x5Au8; dst_len];
+                let n = super::super::convert_kernel(order, &src, &mut want);
+                prop_assert_eq!(n, src.len().min(dst_len) / 4);
+                for l in [Level::Sse41, Level::Avx2] {
+                    let mut got = vec![0x5Au8; dst_len];
+                    match convert_at(l, order, &src, &mut got) {
+                        Some(m) => {
+                            prop_assert_eq!(m, n);
+                            prop_assert_eq!(&got, &want, "{:?} {:?}", l, order);
+                        }
+                        None => prop_assert!(l > level()),
+                    }
+                }
+            }
+        }
+    }
 
     proptest! {
         /// Every build this CPU can run gives the portable build's bits, for every
