@@ -96,8 +96,8 @@ pub struct LoopCounters {
 pub struct EventLoop<B: Backend> {
     backend: B,
     switches: Vec<LogicalSwitch>,
-    /// Backend port -> (switch index, engine port).
-    port_map: Vec<Option<(usize, usize)>>,
+    /// Backend port -> (switch index, engine port, frames arrive intact).
+    port_map: Vec<Option<(usize, usize, bool)>>,
     commands: Receiver<Command>,
     capture: Option<Capture>,
     shutdown: Arc<AtomicBool>,
@@ -118,7 +118,8 @@ impl<B: Backend> EventLoop<B> {
         let mut port_map = vec![None; backend.ports().len()];
         for (si, s) in switches.iter().enumerate() {
             for lp in 0..s.port_names.len() {
-                port_map[s.port_base + lp] = Some((si, lp));
+                let port = s.port_base + lp;
+                port_map[port] = Some((si, lp, backend.rx_intact(port)));
             }
         }
         EventLoop {
@@ -164,7 +165,8 @@ impl<B: Backend> EventLoop<B> {
                     c.frame(frame);
                 }
                 match port_map.get(port).copied().flatten() {
-                    Some((s, lp)) => switches[s].engine.handle_frame(now, lp, frame),
+                    Some((s, lp, false)) => switches[s].engine.handle_frame(now, lp, frame),
+                    Some((s, lp, true)) => switches[s].engine.handle_intact_frame(now, lp, frame),
                     None => counters.unowned_frames += 1,
                 }
             })?

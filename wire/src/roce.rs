@@ -174,17 +174,29 @@ impl RoceRepr {
     /// headers, pad count beyond the payload, payload on an opcode without one). A bad
     /// ICRC is reported in [`RoceFrame::icrc_ok`].
     pub fn parse(frame: &[u8]) -> Result<RoceFrame<'_>> {
-        Self::parse_inner(frame, true)
+        Self::parse_inner(frame, true, true)
+    }
+
+    /// Like [`RoceRepr::parse`] for a frame whose bytes are known intact, without the
+    /// pass over the whole frame that checking its ICRC takes: one this process built
+    /// and handed over in memory (a switch-to-switch link inside one process). Every
+    /// header check still runs; `icrc_ok` is reported `true` unchecked.
+    pub fn parse_intact(frame: &[u8]) -> Result<RoceFrame<'_>> {
+        Self::parse_inner(frame, true, false)
     }
 
     /// Like [`RoceRepr::parse`], but accepts any UDP destination port (userspace hosts
     /// sharing an IP listen on their own ports). The ICRC covers the ports either way;
     /// the port received is reported in [`RoceRepr::udp_dst_port`].
     pub fn parse_any_port(frame: &[u8]) -> Result<RoceFrame<'_>> {
-        Self::parse_inner(frame, false)
+        Self::parse_inner(frame, false, true)
     }
 
-    fn parse_inner(frame: &[u8], require_rocev2_port: bool) -> Result<RoceFrame<'_>> {
+    fn parse_inner(
+        frame: &[u8],
+        require_rocev2_port: bool,
+        check_icrc: bool,
+    ) -> Result<RoceFrame<'_>> {
         let eth = EthernetFrame::new_checked(frame)?;
         let eth_repr = EthernetRepr::parse(&eth)?;
         if eth_repr.ethertype != EtherType::Ipv4 {
@@ -263,7 +275,7 @@ impl RoceRepr {
 
         let ip_all = &ip_bytes[..ip_total];
         let icrc = icrc::stored(ip_all).unwrap_or(0);
-        let icrc_ok = icrc::compute(&ip_all[..ip_total - ICRC_LEN]) == icrc;
+        let icrc_ok = !check_icrc || icrc::compute(&ip_all[..ip_total - ICRC_LEN]) == icrc;
 
         Ok(RoceFrame {
             repr: RoceRepr {
@@ -446,6 +458,24 @@ mod tests {
             49152,
             BthRepr::new(op, 0x11, Psn::new(0xff_ffff)),
         )
+    }
+
+    /// `parse_intact` decodes what `parse` decodes, skips only the ICRC, and still
+    /// rejects a broken header.
+    #[test]
+    fn parse_intact_skips_only_the_icrc() {
+        let mut r = base(Opcode::RcSendOnly);
+        r.payload_len = 6;
+        let mut buf = [0u8; 256];
+        let n = r.emit(&mut buf, |p| p.copy_from_slice(b"abcdef")).unwrap();
+        let (checked, intact) =
+            (RoceRepr::parse(&buf[..n]).unwrap(), RoceRepr::parse_intact(&buf[..n]).unwrap());
+        assert_eq!((checked.repr, checked.payload), (intact.repr, intact.payload));
+        buf[n - 5] ^= 1; // payload byte: only the ICRC notices
+        assert!(!RoceRepr::parse(&buf[..n]).unwrap().icrc_ok);
+        assert!(RoceRepr::parse_intact(&buf[..n]).unwrap().icrc_ok);
+        buf[14 + 10] ^= 1; // IPv4 header checksum
+        assert!(RoceRepr::parse_intact(&buf[..n]).is_err());
     }
 
     #[test]

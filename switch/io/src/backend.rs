@@ -207,6 +207,14 @@ pub trait Backend: Send + fmt::Debug {
     /// again. Never called for ports towards switches, whose backends read raw frames.
     fn set_host_port(&mut self, _port: usize) {}
 
+    /// Every frame [`Backend::recv_batch`] hands over from `port` was built by this
+    /// process and never left its memory (an in-process link, see
+    /// [`InProcessLinks`](crate::in_process::InProcessLinks)), so its ICRC needs no
+    /// check. False unless a backend knows better.
+    fn rx_intact(&self, _port: usize) -> bool {
+        false
+    }
+
     /// Link emulation settings and counters of one port, if it is emulated (see
     /// [`LinkEmuBackend`](crate::link_emu::LinkEmuBackend)).
     fn link_emu_stats(&self, _port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {

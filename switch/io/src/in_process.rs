@@ -107,7 +107,21 @@ impl<B: Backend> Backend for InProcessLinks<B> {
         if n >= budget {
             return Ok(n);
         }
-        Ok(n + self.inner.recv_batch(budget - n, sink)?)
+        // The wire of an in-process link carries nothing of ours: what arrives there
+        // (the kernel's IPv6 chatter, or anyone's injected frames) is dropped, so that
+        // everything such a port delivers is intact (`rx_intact`).
+        let InProcessLinks { inner, peer, counters, .. } = self;
+        let mut foreign = 0;
+        inner
+            .recv_batch(budget - n, &mut |port, frame| {
+                if peer.get(port).copied().flatten().is_some() {
+                    counters[port].rx_dropped += 1;
+                    foreign += 1;
+                } else {
+                    sink(port, frame);
+                }
+            })
+            .map(|m| n + m - foreign)
     }
 
     fn tx_buffer(&mut self) -> Option<&mut [u8]> {
@@ -181,6 +195,10 @@ impl<B: Backend> Backend for InProcessLinks<B> {
         self.inner.set_host_port(port);
     }
 
+    fn rx_intact(&self, port: usize) -> bool {
+        self.peer.get(port).copied().flatten().is_some()
+    }
+
     fn link_emu_stats(&self, port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {
         self.inner.link_emu_stats(port)
     }
@@ -233,6 +251,24 @@ mod tests {
         assert_eq!((c1.tx_packets, c1.rx_packets, c1.tx_bytes), (2, 1, 6));
         assert!(b.port_detail(1).unwrap().contains("p2"));
         assert_eq!(b.port_detail(0), None);
+    }
+
+    /// Linked ports deliver only what the process sent them, so their frames are
+    /// intact; what arrives on such a port's own wire is dropped and counted.
+    #[test]
+    fn linked_ports_are_intact_and_drop_what_their_wire_brings() {
+        let (mut b, net) = backend(3);
+        assert_eq!((0..3).map(|p| b.rx_intact(p)).collect::<Vec<_>>(), [false, true, true]);
+        net.inject(1, b"injected");
+        net.inject(0, b"host");
+        send(&mut b, 2, b"ours");
+        b.flush().unwrap();
+        let mut got = Vec::new();
+        assert_eq!(b.recv_batch(usize::MAX, &mut |p, f| got.push((p, f.to_vec()))).unwrap(), 2);
+        assert_eq!(got, vec![(1, b"ours".to_vec()), (0, b"host".to_vec())]);
+        // Received from the wire (inner counters) and from memory; the first dropped.
+        let c1 = b.port_counters(1);
+        assert_eq!((c1.rx_packets, c1.rx_dropped), (2, 1));
     }
 
     #[test]

@@ -115,6 +115,15 @@ impl<B: Backend> Backend for LinkEmuBackend<B> {
         self.inner.ports()
     }
 
+    /// Intact below and no corruption emulated on any port: a frame between two
+    /// in-process ports may have passed one port's transmit and the other's receive
+    /// emulation, and this layer does not know which ports are paired.
+    fn rx_intact(&self, port: usize) -> bool {
+        let corrupts =
+            |l: &Option<LinkEmu>| l.as_ref().is_some_and(|l| l.impairments().corrupt > 0.0);
+        self.inner.rx_intact(port) && !self.ports.iter().any(|d| corrupts(&d.tx) || corrupts(&d.rx))
+    }
+
     fn recv_batch(
         &mut self,
         budget: usize,

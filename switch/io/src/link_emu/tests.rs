@@ -357,3 +357,19 @@ fn an_inactive_wrapper_is_transparent() {
     assert_eq!(net.drain(), vec![(0, b"abc".to_vec())]);
     assert!(b.link_emu_stats(0).is_none());
 }
+
+/// In-process ports stay intact under emulation without corruption; any corruption,
+/// on any port and direction, has every frame's ICRC checked again.
+#[test]
+fn intact_ports_stay_intact_unless_something_corrupts() {
+    let linked = |config: Vec<PortLinkEmu>| {
+        let inner = crate::in_process::InProcessLinks::new(memory(3).0, &[(1, 2)]).unwrap();
+        let b = LinkEmuBackend::new(inner, config).unwrap();
+        (0..3).map(|p| b.rx_intact(p)).collect::<Vec<_>>()
+    };
+    assert_eq!(linked(vec![]), [false, true, true]);
+    let lossy = PortLinkEmu { tx: Some("loss=5%,delay=1ms".parse().unwrap()), rx: None };
+    assert_eq!(linked(vec![PortLinkEmu::default(), lossy]), [false, true, true]);
+    let corrupting = PortLinkEmu { tx: None, rx: Some("corrupt=1%".parse().unwrap()) };
+    assert_eq!(linked(vec![corrupting]), [false, false, false]);
+}
