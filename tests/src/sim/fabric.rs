@@ -33,6 +33,11 @@ const BTH_MASKED_BYTE: usize = BTH_OFFSET + 4;
 pub trait Node {
     /// A frame arrived on `port`.
     fn handle_frame(&mut self, now: Nanos, port: usize, frame: &[u8]);
+    /// A frame arrived on `port` over an in-memory link that emulates no corruption
+    /// ([`LinkConfig::in_memory`]): its bytes are the sender's.
+    fn handle_intact_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+        self.handle_frame(now, port, frame);
+    }
     /// The deadline returned by [`Node::poll_timeout`] passed.
     fn handle_timeout(&mut self, now: Nanos);
     /// Next frame to send: writes it into `buf`, returns `(port, len)`.
@@ -102,6 +107,10 @@ pub struct LinkConfig {
     pub jitter: Nanos,
     /// Faults injected per frame.
     pub faults: FaultConfig,
+    /// The link stands for one between two switches of one process, carried in memory
+    /// (`inc_switch_io::in_process`): unless its faults corrupt, frames arrive through
+    /// [`Node::handle_intact_frame`], as the switch's event loop hands them over.
+    pub in_memory: bool,
 }
 
 impl Default for LinkConfig {
@@ -112,6 +121,7 @@ impl Default for LinkConfig {
             bandwidth_bps: 10_000_000_000,
             jitter: 0,
             faults: FaultConfig::NONE,
+            in_memory: false,
         }
     }
 }
@@ -179,6 +189,8 @@ struct Event {
     seq: u64,
     to: EndpointKey,
     corrupted: bool,
+    /// Delivered through [`Node::handle_intact_frame`].
+    intact: bool,
     frame: Vec<u8>,
 }
 
@@ -418,7 +430,11 @@ impl<N: Node> Fabric<N> {
                     self.events += 1;
                     let EndpointKey(node, port) = ev.to;
                     self.corrupted_delivered += u64::from(ev.corrupted);
-                    self.nodes[node].handle_frame(self.now, port, &ev.frame);
+                    if ev.intact {
+                        self.nodes[node].handle_intact_frame(self.now, port, &ev.frame);
+                    } else {
+                        self.nodes[node].handle_frame(self.now, port, &ev.frame);
+                    }
                 }
                 (_, Some((tt, node))) => {
                     self.now = self.now.max(tt);
@@ -507,10 +523,11 @@ impl<N: Node> Fabric<N> {
             d.stats.delivered += 1;
             copies.push((at, corrupted, copy));
         }
+        let intact = cfg.in_memory && f.corrupt == 0.0;
         for (time, corrupted, frame) in copies {
             self.seq += 1;
             let to = EndpointKey(to.node, to.port);
-            self.queue.push(Reverse(Event { time, seq: self.seq, to, corrupted, frame }));
+            self.queue.push(Reverse(Event { time, seq: self.seq, to, corrupted, intact, frame }));
         }
         Ok(())
     }
@@ -539,12 +556,17 @@ mod tests {
     struct Echo {
         out: Vec<(usize, Vec<u8>)>,
         received: u64,
+        received_intact: u64,
     }
 
     impl Node for Echo {
         fn handle_frame(&mut self, _now: Nanos, port: usize, frame: &[u8]) {
             self.received += 1;
             self.out.push((port, frame.to_vec()));
+        }
+        fn handle_intact_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+            self.received_intact += 1;
+            self.handle_frame(now, port, frame);
         }
         fn handle_timeout(&mut self, _now: Nanos) {}
         fn poll_transmit(&mut self, _now: Nanos, buf: &mut [u8]) -> Option<(usize, usize)> {
@@ -625,6 +647,12 @@ mod tests {
                 TestNode::Pinger(n) => n.handle_frame(now, port, frame),
             }
         }
+        fn handle_intact_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+            match self {
+                TestNode::Echo(n) => n.handle_intact_frame(now, port, frame),
+                TestNode::Pinger(n) => n.handle_intact_frame(now, port, frame),
+            }
+        }
         fn handle_timeout(&mut self, now: Nanos) {
             match self {
                 TestNode::Echo(n) => n.handle_timeout(now),
@@ -690,6 +718,21 @@ mod tests {
         }
         assert_eq!(f.total_stats().dropped, 0);
         assert_eq!(f.total_stats().delivered, 100);
+    }
+
+    /// An in-memory link hands its frames over as intact unless it corrupts.
+    #[test]
+    fn in_memory_links_deliver_intact_frames_unless_they_corrupt() {
+        let echo_intact = |cfg: LinkConfig| match &ping_run(3, 200, MICROS, cfg).nodes()[1] {
+            TestNode::Echo(e) => (e.received, e.received_intact),
+            TestNode::Pinger(_) => unreachable!(),
+        };
+        assert_eq!(echo_intact(LinkConfig::default()), (200, 0));
+        let in_memory = LinkConfig { in_memory: true, ..LinkConfig::default() };
+        assert_eq!(echo_intact(in_memory), (200, 200));
+        let faults = FaultConfig { corrupt: 0.01, ..FaultConfig::NONE };
+        let (received, intact) = echo_intact(LinkConfig { faults, ..in_memory });
+        assert!(received > 0 && intact == 0, "{received} received, {intact} intact");
     }
 
     #[test]

@@ -95,9 +95,8 @@ impl SwitchNode {
     }
 }
 
-impl Node for SwitchNode {
-    fn handle_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
-        self.engine.handle_frame(time(now), port, frame);
+impl SwitchNode {
+    fn after_frame(&mut self, now: Nanos) {
         self.drain_events(now);
         self.frames += 1;
         // `counters()` allocates; sampling keeps the cost down while still seeing any
@@ -105,6 +104,17 @@ impl Node for SwitchNode {
         if self.frames % 32 == 0 {
             self.sample_memory();
         }
+    }
+}
+
+impl Node for SwitchNode {
+    fn handle_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+        self.engine.handle_frame(time(now), port, frame);
+        self.after_frame(now);
+    }
+    fn handle_intact_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+        self.engine.handle_intact_frame(time(now), port, frame);
+        self.after_frame(now);
     }
     fn handle_timeout(&mut self, now: Nanos) {
         self.engine.handle_timeout(time(now));
@@ -544,6 +554,9 @@ impl SimNode {
 impl Node for SimNode {
     fn handle_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
         self.node().handle_frame(now, port, frame);
+    }
+    fn handle_intact_frame(&mut self, now: Nanos, port: usize, frame: &[u8]) {
+        self.node().handle_intact_frame(now, port, frame);
     }
     fn handle_timeout(&mut self, now: Nanos) {
         self.node().handle_timeout(now);

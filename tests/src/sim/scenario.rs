@@ -235,7 +235,8 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         fabric.connect(
             Endpoint { node: switch_nodes[l.a.switch], port: l.a.port },
             Endpoint { node: switch_nodes[l.b.switch], port: l.b.port },
-            link(s.switch_link),
+            // All switches run in one process, as `scripts/demo` and `inc-bench` run them.
+            LinkConfig { in_memory: true, ..link(s.switch_link) },
         );
     }
     for (h, host) in topo.hosts.iter().enumerate() {
