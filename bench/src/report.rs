@@ -239,6 +239,79 @@ fn find<'a>(
     })
 }
 
+fn rounds_of(ms: &[Measurement]) -> usize {
+    ms.iter().map(|m| m.round as usize + 1).max().unwrap_or(0)
+}
+
+/// INC / MPI of each round's medians (both measured in that round), as median [min-max]
+/// over the rounds: the pooled ratios above hide how far the rounds disagree, and on a
+/// shared machine they disagree a lot. Rounds where either side failed are left out.
+fn round_ratios(
+    ms: &[Measurement],
+    system: &str,
+    coll: Coll,
+    dtype: Option<&str>,
+    small: bool,
+    bytes: Option<u64>,
+) -> Option<(f64, f64, f64)> {
+    let pick = |sys: &str, round: u32| {
+        ms.iter().find(|m| {
+            m.system == sys
+                && m.round == round
+                && m.collective == coll
+                && m.small == small
+                && dtype.is_none_or(|d| m.dtype == d)
+                && bytes.is_none_or(|b| m.bytes == b)
+                && m.status == "ok"
+                && !m.times_us.is_empty()
+        })
+    };
+    let ratios: Vec<f64> = (0..rounds_of(ms) as u32)
+        .filter_map(|r| Some(pick(system, r)?.median_us() / pick("mpi", r)?.median_us()))
+        .collect();
+    let lo = ratios.iter().copied().reduce(f64::min)?;
+    let hi = ratios.iter().copied().reduce(f64::max)?;
+    Some((median(&ratios), lo, hi))
+}
+
+fn per_round_ratios(
+    o: &mut String,
+    ms: &[Measurement],
+    backends: &[&String],
+    sizes: &[(String, u64)],
+) {
+    let _ = writeln!(
+        o,
+        "== INC time / MPI time per round: median [min-max] over the rounds of each round's \
+         ratio of medians"
+    );
+    let _ = writeln!(
+        o,
+        "# {:<7} {:>9} {}",
+        "type",
+        "size",
+        backends.iter().map(|b| format!("{:>20}", b)).collect::<String>()
+    );
+    let cell = |r: Option<(f64, f64, f64)>| match r {
+        Some((m, lo, hi)) => format!("{:>20}", format!("{m:.2} [{lo:.2}-{hi:.2}]")),
+        None => format!("{:>20}", "-"),
+    };
+    for (dtype, bytes) in sizes {
+        let cells: String = backends
+            .iter()
+            .map(|b| cell(round_ratios(ms, b, Coll::AllReduce, Some(dtype), false, Some(*bytes))))
+            .collect();
+        let _ = writeln!(o, "  {:<7} {:>9} {cells}", dtype, human_size(*bytes));
+    }
+    for (small_kind, coll) in
+        [("1-element AllReduce p50", Coll::AllReduce), ("Barrier p50", Coll::Barrier)]
+    {
+        let cells: String =
+            backends.iter().map(|b| cell(round_ratios(ms, b, coll, None, true, None))).collect();
+        let _ = writeln!(o, "  {:<17} {cells}", small_kind);
+    }
+}
+
 /// The ratios of the issue: INC / MPI time per size, backend / testpmd frames/s, best
 /// backend / pcap.
 pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &Results) -> String {
@@ -290,6 +363,9 @@ pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &R
             .map(|b| ratio_cell(get(b).zip(get("mpi")).map(|(i, m)| i.median_us / m.median_us)))
             .collect();
         let _ = writeln!(o, "  {:<17} {cells}", small_kind);
+    }
+    if rounds_of(&res.measurements) > 1 {
+        per_round_ratios(&mut o, &res.measurements, &ok_backends, &sizes);
     }
     let testpmd = refs
         .iter()
@@ -474,6 +550,9 @@ mod tests {
         };
         let r = ratios(&rows, &[], &res.supported_backends, &res);
         assert!(r.contains("2.20"), "{r}");
+        // Per round (`stats::median` takes the lower middle of an even count): round 0
+        // 10 / 5 = 2.0, round 1 11 / 5 = 2.2.
+        assert!(r.contains("2.00 [2.00-2.20]"), "{r}");
         let c = csv(&rows);
         assert_eq!(c.lines().count(), 3);
         let cols = CSV_HEADER.split(',').count();
