@@ -81,10 +81,7 @@ impl RcAddressing {
         payload: &[u8],
         payload_crc: Option<&PayloadCrc>,
     ) -> Option<usize> {
-        let opcode =
-            if imm.is_some() { Opcode::RcSendOnlyWithImmediate } else { Opcode::RcSendOnly };
-        let ext = ExtHeaders { imm, ..ExtHeaders::default() };
-        let repr = self.repr(BthRepr::new(opcode, self.peer_qpn, psn), ext, payload.len());
+        let repr = self.send_repr(psn, imm, payload.len());
         match payload_crc {
             Some(crc) => repr.emit_with_payload_crc(buf, payload, crc).ok(),
             None => repr.emit(buf, |p| p.copy_from_slice(payload)).ok(),
@@ -102,11 +99,15 @@ impl RcAddressing {
         imm: Option<u32>,
         payload_len: usize,
     ) -> Option<usize> {
+        self.send_repr(psn, imm, payload_len).emit(buf, |_| {}).ok()
+    }
+
+    /// A SEND_ONLY request, with immediate when `imm` is set.
+    fn send_repr(&self, psn: Psn, imm: Option<u32>, payload_len: usize) -> RoceRepr {
         let opcode =
             if imm.is_some() { Opcode::RcSendOnlyWithImmediate } else { Opcode::RcSendOnly };
         let ext = ExtHeaders { imm, ..ExtHeaders::default() };
-        let repr = self.repr(BthRepr::new(opcode, self.peer_qpn, psn), ext, payload_len);
-        repr.emit(buf, |_| {}).ok()
+        self.repr(BthRepr::new(opcode, self.peer_qpn, psn), ext, payload_len)
     }
 
     /// Writes an ACKNOWLEDGE with `aeth`. Returns the frame length.

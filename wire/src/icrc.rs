@@ -161,16 +161,31 @@ pub fn with_payload_crc(ip_to_headers_end: &[u8], payload: &PayloadCrc) -> u32 {
 
 const POLY: u32 = 0xedb8_8320;
 
+/// The byte-at-a-time table of the bit-reflected CRC-32.
+const BYTE_STEP: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = (c >> 1) ^ ((c & 1).wrapping_neg() & POLY);
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+/// CRC state `s` with byte `b` appended (no initial value or final XOR involved).
+fn step(s: u32, b: u8) -> u32 {
+    BYTE_STEP[((s ^ u32::from(b)) & 0xff) as usize] ^ (s >> 8)
+}
+
 /// The CRC of `bytes` without initial value or final XOR (the linear part).
 fn linear_crc(bytes: &[u8]) -> u32 {
-    let mut crc = 0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ ((crc & 1).wrapping_neg() & POLY);
-        }
-    }
-    crc
+    bytes.iter().fold(0, |s, &b| step(s, b))
 }
 
 /// `a(x) * b(x) mod p(x)`, bit-reflected (as in zlib's `crc32_combine`).
@@ -233,24 +248,6 @@ impl ZeroShift {
 /// `x8n` and a multiplication cost about a thousand); the tables (4 KiB each, about 30 us
 /// to build) pay for the frame sizes that repeat.
 const SHIFT_TABLE_MIN_ZEROS: usize = 256;
-
-/// The byte-at-a-time table of the bit-reflected CRC-32: `t[s & 0xff] ^ (s >> 8)`
-/// appends one zero byte to state `s`.
-const ZERO_BYTE_STEP: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = (c >> 1) ^ ((c & 1).wrapping_neg() & POLY);
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
 /// Tables kept per thread: the few frame sizes of the running collectives.
 const SHIFT_TABLES: usize = 8;
 
@@ -264,7 +261,7 @@ fn shift_zeros(state: u32, zeros: usize) -> u32 {
         return state;
     }
     if zeros < SHIFT_TABLE_MIN_ZEROS {
-        return (0..zeros).fold(state, |s, _| ZERO_BYTE_STEP[(s & 0xff) as usize] ^ (s >> 8));
+        return (0..zeros).fold(state, |s, _| step(s, 0));
     }
     SHIFT_CACHE.with_borrow_mut(|cache| {
         if let Some(at) = cache.iter().position(|s| s.zeros == zeros) {

@@ -64,14 +64,9 @@ impl RcConnection {
         &mut self,
         write: impl FnOnce(&mut [u8]) -> Option<(Option<u32>, usize)>,
     ) -> Result<Option<Psn>, SendError> {
-        if let Some(f) = self.failed {
-            return Err(SendError::Failed(f));
-        }
-        if self.queue.len() >= self.cfg.send_queue {
-            return Err(SendError::QueueFull);
-        }
+        self.check_queue_room()?;
         let max = self.cfg.max_payload;
-        let mut buf = self.pool.pop().unwrap_or_else(|| vec![0; frame::max_frame_len(max)]);
+        let mut buf = self.free_buffer();
         let at = frame::send_payload_offset(None);
         let Some((imm, len)) = write(&mut buf[at..at + max]) else {
             self.pool.push(buf);
@@ -85,15 +80,12 @@ impl RcConnection {
         if to != at {
             buf.copy_within(at..at + len, to);
         }
-        let psn = self.next_psn;
         let len = self
             .cfg
             .addr
-            .emit_send_in_place(&mut buf, psn, imm, len)
+            .emit_send_in_place(&mut buf, self.next_psn, imm, len)
             .expect("the buffer holds the largest frame");
-        self.next_psn = psn.next();
-        self.queue.push_back(Entry { psn, buf, len, first_sent: None, retransmitted: false });
-        Ok(Some(psn))
+        Ok(Some(self.push_new(buf, len)))
     }
 
     fn enqueue(
@@ -102,17 +94,11 @@ impl RcConnection {
         payload: &[u8],
         payload_crc: Option<&PayloadCrc>,
     ) -> Result<Psn, SendError> {
-        if let Some(f) = self.failed {
-            return Err(SendError::Failed(f));
-        }
-        if self.queue.len() >= self.cfg.send_queue {
-            return Err(SendError::QueueFull);
-        }
+        self.check_queue_room()?;
         if payload.len() > self.cfg.max_payload {
             return Err(SendError::TooLarge { len: payload.len(), max: self.cfg.max_payload });
         }
-        let cap = frame::max_frame_len(self.cfg.max_payload);
-        let mut buf = self.pool.pop().unwrap_or_else(|| vec![0; cap]);
+        let mut buf = self.free_buffer();
         let psn = self.next_psn;
         let Some(len) = self.cfg.addr.emit_send(&mut buf, psn, imm, payload, payload_crc) else {
             self.pool.push(buf);
@@ -120,9 +106,32 @@ impl RcConnection {
             let crc_len = payload_crc.map_or(0, PayloadCrc::payload_len);
             return Err(SendError::PayloadCrcMismatch { len: payload.len(), crc_len });
         };
+        Ok(self.push_new(buf, len))
+    }
+
+    /// Whether one more message may be queued.
+    fn check_queue_room(&self) -> Result<(), SendError> {
+        if let Some(f) = self.failed {
+            return Err(SendError::Failed(f));
+        }
+        if self.queue.len() >= self.cfg.send_queue {
+            return Err(SendError::QueueFull);
+        }
+        Ok(())
+    }
+
+    /// A send-queue buffer large enough for the largest frame.
+    fn free_buffer(&mut self) -> Vec<u8> {
+        let cap = frame::max_frame_len(self.cfg.max_payload);
+        self.pool.pop().unwrap_or_else(|| vec![0; cap])
+    }
+
+    /// Queues the frame just built in `buf` (`len` bytes) under the next PSN.
+    fn push_new(&mut self, buf: Vec<u8>, len: usize) -> Psn {
+        let psn = self.next_psn;
         self.next_psn = psn.next();
         self.queue.push_back(Entry { psn, buf, len, first_sent: None, retransmitted: false });
-        Ok(psn)
+        psn
     }
 
     pub(super) fn on_ack(&mut self, now: Time, psn: Psn, aeth: &AethRepr) -> Inbound {

@@ -80,6 +80,11 @@ impl<B: Backend> InProcessLinks<B> {
     }
 }
 
+/// The port at the other end of `port`'s in-process link, if it has one.
+fn peer_of(peer: &[Option<usize>], port: usize) -> Option<usize> {
+    peer.get(port).copied().flatten()
+}
+
 impl<B: Backend> Backend for InProcessLinks<B> {
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -114,7 +119,7 @@ impl<B: Backend> Backend for InProcessLinks<B> {
         let mut foreign = 0;
         inner
             .recv_batch(budget - n, &mut |port, frame| {
-                if peer.get(port).copied().flatten().is_some() {
+                if peer_of(peer, port).is_some() {
                     counters[port].rx_dropped += 1;
                     foreign += 1;
                 } else {
@@ -129,7 +134,7 @@ impl<B: Backend> Backend for InProcessLinks<B> {
     }
 
     fn commit_tx(&mut self, port: usize, len: usize) {
-        let Some(to) = self.peer.get(port).copied().flatten() else {
+        let Some(to) = peer_of(&self.peer, port) else {
             return self.inner.commit_tx(port, len);
         };
         // The contract: until committed, tx_buffer returns the same buffer again, so
@@ -196,7 +201,7 @@ impl<B: Backend> Backend for InProcessLinks<B> {
     }
 
     fn rx_intact(&self, port: usize) -> bool {
-        self.peer.get(port).copied().flatten().is_some()
+        peer_of(&self.peer, port).is_some()
     }
 
     fn link_emu_stats(&self, port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {
