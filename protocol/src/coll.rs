@@ -4,7 +4,9 @@
 //! immediate ([`IncImm`]) of the collective with `reserved` = the message kind, the
 //! payload a [`HEADER_LEN`]-byte big-endian header (see `docs/PROTOCOL.md`). Data
 //! chunks are plain `SEND_ONLY` of up to `mtu` bytes and carry no header: their
-//! position follows from the per-connection arrival order.
+//! position follows from the per-connection arrival order. A host whose collective is
+//! one chunk that fits behind the header sends Start and chunk as one message
+//! ([`MsgKind::StartWithData`]): one frame instead of two for every small collective.
 
 use inc_wire::{DataType, IncImm, Operator, Primitive};
 
@@ -28,6 +30,9 @@ pub enum MsgKind {
     Progress = 1,
     /// The collective failed (switch -> every neighbour).
     Error = 2,
+    /// A Start followed by the collective's only chunk (host -> switch), for collectives
+    /// of one chunk of at most `mtu - HEADER_LEN` bytes.
+    StartWithData = 3,
 }
 
 /// What a collective is: the fields of the INC immediate.
@@ -63,6 +68,7 @@ impl CollOp {
             0 => MsgKind::Start,
             1 => MsgKind::Progress,
             2 => MsgKind::Error,
+            3 => MsgKind::StartWithData,
             _ => return Err(CtrlError::BadImmediate(imm)),
         };
         let op = CollOp {
@@ -185,8 +191,23 @@ impl CtrlMsg {
         }
     }
 
-    /// Parses a message: its immediate and payload.
+    /// Parses a control message: its immediate and payload. A
+    /// [`MsgKind::StartWithData`] is refused here: only [`Self::parse_with_data`] knows
+    /// that a chunk follows the header.
     pub fn parse(imm: u32, payload: &[u8]) -> Result<(CollOp, CtrlMsg), CtrlError> {
+        match Self::parse_with_data(imm, payload)? {
+            (op, msg, None) => Ok((op, msg)),
+            (_, _, Some(_)) => Err(CtrlError::Inconsistent("a Start with data where none may be")),
+        }
+    }
+
+    /// Parses any message: its immediate and payload, plus, for a
+    /// [`MsgKind::StartWithData`] (returned as a [`CtrlMsg::Start`]), the chunk behind
+    /// the header.
+    pub fn parse_with_data(
+        imm: u32,
+        payload: &[u8],
+    ) -> Result<(CollOp, CtrlMsg, Option<&[u8]>), CtrlError> {
         let (op, kind) = CollOp::from_imm(imm)?;
         if payload.len() < HEADER_LEN {
             return Err(CtrlError::Truncated(payload.len()));
@@ -200,7 +221,7 @@ impl CtrlMsg {
         }
         let seq = u32_at(b, 4);
         let msg = match kind {
-            MsgKind::Start => CtrlMsg::Start {
+            MsgKind::Start | MsgKind::StartWithData => CtrlMsg::Start {
                 seq,
                 count: u64_at(b, 8),
                 start_pos: u64_at(b, 16),
@@ -221,7 +242,8 @@ impl CtrlMsg {
                 rank_b: u16_at(b, 14),
             },
         };
-        Ok((op, msg))
+        let data = (kind == MsgKind::StartWithData).then(|| &payload[HEADER_LEN..]);
+        Ok((op, msg, data))
     }
 
     /// Writes the header into `out[..HEADER_LEN]`.
@@ -249,6 +271,15 @@ impl CtrlMsg {
                 b[14..16].copy_from_slice(&rank_b.to_be_bytes());
             }
         }
+    }
+
+    /// Writes the header of a Start that carries its collective's only chunk, which the
+    /// caller writes at `out[HEADER_LEN..]`; returns the immediate.
+    pub fn emit_start_with_data(&self, op: &CollOp, out: &mut [u8]) -> u32 {
+        debug_assert!(matches!(self, CtrlMsg::Start { .. }), "only a Start carries data");
+        self.emit(out);
+        out[2] = MsgKind::StartWithData as u8;
+        op.imm(MsgKind::StartWithData)
     }
 
     /// The header as an array.
@@ -318,7 +349,29 @@ mod tests {
         #[test]
         fn parse_never_panics(imm: u32, payload in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = CtrlMsg::parse(imm, &payload);
+            let _ = CtrlMsg::parse_with_data(imm, &payload);
         }
+    }
+
+    /// A Start with data parses as the Start plus the bytes behind its header, and only
+    /// through `parse_with_data`; its header must say so too.
+    #[test]
+    fn start_with_data_carries_the_chunk() {
+        let msg = CtrlMsg::Start { seq: 7, count: 3, start_pos: 90, chunks: 1, rank: 2 };
+        let mut buf = [0u8; HEADER_LEN + 12];
+        let imm = msg.emit_start_with_data(&op(), &mut buf);
+        buf[HEADER_LEN..].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        let (o, m, data) = CtrlMsg::parse_with_data(imm, &buf).unwrap();
+        assert_eq!((o, m), (op(), msg));
+        assert_eq!(data, Some(&buf[HEADER_LEN..]));
+        assert!(matches!(CtrlMsg::parse(imm, &buf), Err(CtrlError::Inconsistent(_))));
+        // A zero-length chunk (Barrier) is a bare header.
+        let (_, _, data) = CtrlMsg::parse_with_data(imm, &buf[..HEADER_LEN]).unwrap();
+        assert_eq!(data, Some(&[][..]));
+        // Header and immediate must agree on the kind.
+        let plain = op().imm(MsgKind::Start);
+        assert!(matches!(CtrlMsg::parse_with_data(plain, &buf), Err(CtrlError::Inconsistent(_))));
+        assert_eq!(CtrlMsg::parse_with_data(plain, &msg.to_bytes()).unwrap().2, None);
     }
 
     #[test]

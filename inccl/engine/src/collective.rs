@@ -84,6 +84,15 @@ struct Active {
     doomed: Option<HostError>,
 }
 
+/// The bytes a rank sends from.
+fn send_source<'a>(bufs: &'a OpBuffers<'_>) -> &'a [u8] {
+    match bufs {
+        OpBuffers::Separate { src, .. } | OpBuffers::SendOnly(src) => src,
+        OpBuffers::InPlace(b) => b,
+        _ => &[],
+    }
+}
+
 /// The collective state machine of one rank in one communicator.
 #[derive(Debug)]
 pub struct HostCollective {
@@ -231,22 +240,39 @@ impl HostCollective {
                 chunks: a.chunks,
                 rank: self.cfg.rank,
             };
-            msg.emit(out);
             a.start_sent = true;
             self.counters.tx_control += 1;
-            let imm = a.op.imm(MsgKind::Start);
-            if let Some(e) = a.doomed.take() {
+            // A collective of one chunk that fits behind the header goes as one message
+            // (a send buffer too short fails the collective after a plain Start, as for
+            // longer collectives).
+            let with_data = a.sends_data
+                && a.chunks == 1
+                && coll::HEADER_LEN as u64 + a.bytes <= self.cfg.mtu as u64
+                && send_source(bufs).len() as u64 >= a.bytes;
+            let sent = if with_data {
+                let imm = msg.emit_start_with_data(&a.op, out);
+                self.write_chunk(bufs, &mut out[coll::HEADER_LEN..])
+                    .map(|len| OutMessage { imm: Some(imm), len: coll::HEADER_LEN + len })
+            } else {
+                msg.emit(out);
+                Some(OutMessage { imm: Some(a.op.imm(MsgKind::Start)), len: coll::HEADER_LEN })
+            };
+            if let Some(e) = self.active.as_mut().and_then(|a| a.doomed.take()) {
                 self.fail(e);
             }
-            return Some(OutMessage { imm: Some(imm), len: coll::HEADER_LEN });
+            return sent;
         }
+        self.write_chunk(bufs, out).map(|len| OutMessage { imm: None, len })
+    }
+
+    /// Writes the next data chunk, in network byte order, to the front of `out`;
+    /// returns its length (`None`, and the collective failed, if the user's buffer is
+    /// too short).
+    fn write_chunk(&mut self, bufs: &OpBuffers<'_>, out: &mut [u8]) -> Option<usize> {
+        let a = self.active.as_mut()?;
         let (off, len) = coll::chunk_range(a.next_send, a.bytes, self.cfg.mtu);
         if len > 0 {
-            let src = match bufs {
-                OpBuffers::Separate { src, .. } | OpBuffers::SendOnly(src) => &src[..],
-                OpBuffers::InPlace(b) => &b[..],
-                _ => &[][..],
-            };
+            let src = send_source(bufs);
             let Some(chunk) = usize::try_from(off).ok().and_then(|o| src.get(o..o + len)) else {
                 let need = a.bytes;
                 self.fail(HostError::Buffer { what: "send buffer", need, have: src.len() as u64 });
@@ -256,7 +282,7 @@ impl HostCollective {
         }
         a.next_send += 1;
         self.counters.tx_chunks += 1;
-        Some(OutMessage { imm: None, len })
+        Some(len)
     }
 
     /// Handles one received message (immediate and payload).
@@ -451,10 +477,47 @@ mod tests {
         assert_eq!(dst, src);
         // Data with nothing running is refused (RNR), the stream moved on by 3 chunks.
         assert_eq!(c.handle_message(None, &last, &mut OpBuffers::None), Delivery::NotReady);
+        // A Barrier is one empty chunk: its Start carries it.
         c.start(spec(CollectiveKind::Barrier, 5)).unwrap();
         let m = c.poll_send(&OpBuffers::None, &mut out).unwrap();
-        let (_, start) = CtrlMsg::parse(m.imm.unwrap(), &out).unwrap();
+        assert_eq!(m.len, coll::HEADER_LEN);
+        let (_, start, data) = CtrlMsg::parse_with_data(m.imm.unwrap(), &out[..m.len]).unwrap();
         assert_eq!(start, CtrlMsg::Start { seq: 1, count: 0, start_pos: 3, chunks: 1, rank: 0 });
+        assert_eq!(data, Some(&[][..]));
+        assert_eq!(c.poll_send(&OpBuffers::None, &mut out), None);
+    }
+
+    /// A one-chunk collective whose chunk fits behind the header goes as one message; one
+    /// element more and Start and chunk go apart.
+    #[test]
+    fn small_collective_sends_start_and_chunk_together() {
+        let mtu = 256;
+        let fits = ((mtu - coll::HEADER_LEN) / 4) as u64;
+        for (count, together) in [(1, true), (fits, true), (fits + 1, false)] {
+            let mut c =
+                HostCollective::new(CollectiveConfig { rank: 1, world_size: 2, mtu, window: 2 });
+            let src: Vec<u8> = (0..count as u32).flat_map(|x| x.to_ne_bytes()).collect();
+            let mut dst = vec![0u8; src.len()];
+            let bufs = OpBuffers::Separate { src: &src, dst: &mut dst };
+            c.start(spec(CollectiveKind::AllReduce, count)).unwrap();
+            let mut out = vec![0u8; mtu];
+            let m = c.poll_send(&bufs, &mut out).unwrap();
+            let (_, start, data) = CtrlMsg::parse_with_data(m.imm.unwrap(), &out[..m.len]).unwrap();
+            assert_eq!(start, CtrlMsg::Start { seq: 0, count, start_pos: 0, chunks: 1, rank: 1 });
+            let data = data.map(<[u8]>::to_vec);
+            let chunk = if together {
+                assert_eq!(c.poll_send(&bufs, &mut out), None, "{count}: one message");
+                data.expect("chunk behind the header")
+            } else {
+                assert_eq!(data, None, "{count}");
+                let m = c.poll_send(&bufs, &mut out).unwrap();
+                assert_eq!(m.imm, None);
+                out[..m.len].to_vec()
+            };
+            assert_eq!(chunk.len(), src.len());
+            assert_eq!(&chunk[chunk.len() - 4..], &(count as u32 - 1).to_be_bytes());
+            assert_eq!(c.counters().tx_chunks, 1);
+        }
     }
 
     #[test]

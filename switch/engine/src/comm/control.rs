@@ -20,7 +20,7 @@ impl Comm {
         payload: &[u8],
         events: &mut VecDeque<SwitchEvent>,
     ) -> Disposition {
-        let Ok((op, msg)) = CtrlMsg::parse(imm, payload) else {
+        let Ok((op, msg, data)) = CtrlMsg::parse_with_data(imm, payload) else {
             self.counters.protocol_errors += 1;
             return Disposition::Accept;
         };
@@ -36,7 +36,11 @@ impl Comm {
         let from_parent = Some(conn) == self.parent;
         match msg {
             CtrlMsg::Start { seq, count, start_pos, chunks, rank } if !from_parent => {
-                self.on_start(conn, seq, StartClaim { op, count, start_pos, chunks, rank }, events)
+                let claim = StartClaim { op, count, start_pos, chunks, rank };
+                match data {
+                    None => self.on_start(conn, seq, claim, events),
+                    Some(chunk) => self.on_start_with_data(conn, seq, claim, chunk, events),
+                }
             }
             CtrlMsg::Progress { seq, completed } if from_parent => {
                 self.on_parent_progress(seq, completed);
@@ -76,6 +80,36 @@ impl Comm {
                 Disposition::Accept
             }
         }
+    }
+
+    /// A Start and the first chunk it announces, in one message. Either both apply or,
+    /// with an RNR NAK, neither: the peer resends the whole message.
+    fn on_start_with_data(
+        &mut self,
+        conn: usize,
+        seq: u32,
+        claim: StartClaim,
+        chunk: &[u8],
+        events: &mut VecDeque<SwitchEvent>,
+    ) -> Disposition {
+        if self.slots.is_busy_for(claim.start_pos) {
+            self.counters.slot_conflicts += 1;
+            return Disposition::Rnr;
+        }
+        if let Disposition::Rnr = self.on_start(conn, seq, claim, events) {
+            return Disposition::Rnr;
+        }
+        // A Start refused as a protocol error announced nothing: nothing expects the chunk.
+        let announced =
+            self.conns[conn].expected.front().is_some_and(|e| e.seq == seq && e.next_chunk == 0);
+        if !announced {
+            self.counters.protocol_errors += 1;
+            return Disposition::Accept;
+        }
+        self.conns[conn].rx_data += 1;
+        // Cannot be an RNR: the slot was free (or held this chunk's position) above,
+        // and the Start only ever frees slots.
+        self.on_data(conn, chunk, events)
     }
 
     fn on_start(

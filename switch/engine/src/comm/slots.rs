@@ -126,6 +126,12 @@ impl SlotPool {
         Contribution::Stored { slot, arrived: meta.arrived }
     }
 
+    /// Whether a chunk at `pos` would be refused as [`Contribution::SlotBusy`] now.
+    pub(crate) fn is_busy_for(&self, pos: u64) -> bool {
+        let held = self.meta[self.slot_of(pos)];
+        held.state != SlotState::Free && held.pos < pos
+    }
+
     pub(crate) fn mark_complete(&mut self, slot: usize) {
         self.meta[slot].state = SlotState::Complete;
     }
