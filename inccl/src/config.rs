@@ -11,6 +11,7 @@
 //! | `INCCL_LOCAL_IP` | data-plane IPv4 address (overrides the interface's; for hosts with several addresses) |
 //! | `INCCL_TRANSPORT` | `udp` (userspace RoCEv2, default) or `verbs` |
 //! | `INCCL_MTU`, `INCCL_WINDOW` | payload bytes per packet and window, passed to the controller |
+//! | `INCCL_BUSY_POLL_US` | userspace transport: inside a collective, poll the socket this many microseconds (yielding the CPU between polls) before sleeping until a datagram comes (default 200; 0: always sleep) |
 //! | `INCCL_UDP_GSO` | `auto` (default): the userspace transport sends runs of frames as UDP GSO sends when the kernel cuts them into datagrams itself (no transmit checksum offload on the interface); `off`: one datagram per send |
 
 use std::env;
@@ -28,6 +29,8 @@ pub const DEFAULT_MASTER_PORT: u16 = 52223;
 pub const DEFAULT_BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default stall bound of a collective.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default busy-poll bound of the userspace transport (`INCCL_BUSY_POLL_US`).
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
 
 /// How a communicator moves packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,6 +185,11 @@ pub struct CommConfig {
     /// Userspace transport: batch frames into UDP GSO sends where that is safe
     /// (`INCCL_UDP_GSO`, see the module table).
     pub udp_gso: bool,
+    /// Userspace transport: how long a caller waiting inside a collective polls its
+    /// socket, yielding the CPU between polls, before it sleeps (`INCCL_BUSY_POLL_US`).
+    /// A sleeping rank costs the sender (the switch) a wake-up per datagram; where
+    /// ranks and switch share cores that is most of a small collective's time.
+    pub busy_poll: Duration,
 }
 
 impl CommConfig {
@@ -194,6 +202,7 @@ impl CommConfig {
             window: None,
             op_timeout: DEFAULT_OP_TIMEOUT,
             udp_gso: true,
+            busy_poll: DEFAULT_BUSY_POLL,
         }
     }
 
@@ -217,6 +226,9 @@ impl CommConfig {
         }
         if let Some(ms) = env_parse::<u64>("INCCL_OP_TIMEOUT_MS")? {
             self.op_timeout = Duration::from_millis(ms);
+        }
+        if let Some(us) = env_parse::<u64>("INCCL_BUSY_POLL_US")? {
+            self.busy_poll = Duration::from_micros(us);
         }
         if let Some(v) = env_str("INCCL_UDP_GSO") {
             self.udp_gso = match v.as_str() {

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use inc_ctrl_proto::SwitchRules;
@@ -89,6 +89,8 @@ pub struct LoopCounters {
     pub commands: u64,
     /// Frames on a port no switch owns (should stay 0).
     pub unowned_frames: u64,
+    /// Idle turns that found a frame while busy-polling, instead of sleeping.
+    pub busy_poll_hits: u64,
 }
 
 /// The event loop over backend `B`.
@@ -102,6 +104,7 @@ pub struct EventLoop<B: Backend> {
     capture: Option<Capture>,
     shutdown: Arc<AtomicBool>,
     start: Instant,
+    busy_poll: Duration,
     counters: LoopCounters,
 }
 
@@ -130,8 +133,20 @@ impl<B: Backend> EventLoop<B> {
             capture,
             shutdown,
             start: Instant::now(),
+            busy_poll: Duration::ZERO,
             counters: LoopCounters::default(),
         }
+    }
+
+    /// Before sleeping, poll the backend for up to `d` (less if a timer falls due
+    /// sooner), giving the CPU to other runnable threads between checks. On a machine
+    /// whose cores also run the hosts, a switch that sleeps pays a wake-up for every
+    /// frame a host sends, and each host one for its result: for small collectives that
+    /// is most of the time. Zero (the default) never busy-polls; backends that cannot
+    /// tell cheaply whether a frame waits ([`Backend::rx_ready`]) are never busy-polled.
+    pub fn with_busy_poll(mut self, d: Duration) -> Self {
+        self.busy_poll = d;
+        self
     }
 
     fn now(&self) -> Time {
@@ -193,9 +208,31 @@ impl<B: Backend> EventLoop<B> {
             Some(t) => Some(t - now),
             None => None,
         };
+        if self.busy_poll_for_rx(timeout) {
+            self.counters.busy_poll_hits += 1;
+            return Ok(());
+        }
         self.counters.waits += 1;
         self.backend.wait(timeout)?;
         Ok(())
+    }
+
+    /// Busy-polls for a received frame (see [`Self::with_busy_poll`]); true if one came.
+    fn busy_poll_for_rx(&self, timeout: Option<Duration>) -> bool {
+        if self.busy_poll.is_zero() || self.backend.rx_ready().is_none() {
+            return false;
+        }
+        let limit = timeout.map_or(self.busy_poll, |t| t.min(self.busy_poll));
+        let t0 = Instant::now();
+        loop {
+            if self.backend.rx_ready() == Some(true) {
+                return true;
+            }
+            if t0.elapsed() >= limit || self.shutdown.load(Ordering::Relaxed) {
+                return false;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Drain every engine's transmit queue into backend buffers and flush.

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use crossbeam_channel::Sender;
@@ -39,6 +40,8 @@ pub struct Shared {
     pub link_emu: Vec<Vec<inc_switch_io::link_emu::PortLinkEmu>>,
     /// Links carried in memory where a worker serves both ends (`--internal-links`).
     pub in_process_links: Vec<(PortSpec, PortSpec)>,
+    /// `--busy-poll-us`.
+    pub busy_poll: Duration,
 }
 
 /// Split switches (indices into `plans`) over at most `workers` groups, balancing the
@@ -170,7 +173,8 @@ pub fn run<B: Backend + 'static>(
             control::spawn(s, tx.clone(), wakers[wi].clone(), shutdown.clone())?;
         }
         drop(tx);
-        let el = EventLoop::new(w.backend, w.switches, rx, capture.take(), shutdown.clone());
+        let el = EventLoop::new(w.backend, w.switches, rx, capture.take(), shutdown.clone())
+            .with_busy_poll(shared.busy_poll);
         let handle = std::thread::Builder::new()
             .name(format!("worker-{wi}"))
             .spawn(move || el.run())

@@ -776,6 +776,10 @@ impl Backend for AfPacketBackend {
         self.config.max_frame
     }
 
+    fn rx_ready(&self) -> Option<bool> {
+        Some(self.socks.iter().any(|s| s.ring.ready()))
+    }
+
     fn set_host_port(&mut self, port: usize) {
         if let Some(s) = self.socks.get_mut(port) {
             s.host_port = true;

@@ -564,6 +564,10 @@ impl Backend for AfXdpBackend {
         self.max_frame
     }
 
+    fn rx_ready(&self) -> Option<bool> {
+        Some(self.socks.iter().any(|s| s.rx.available() > 0))
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {
         let mut pending_tx = false;
         for (s, c) in self.socks.iter_mut().zip(self.counters.iter_mut()) {

@@ -215,6 +215,14 @@ pub trait Backend: Send + fmt::Debug {
         false
     }
 
+    /// Whether a received frame is waiting, read from memory shared with the kernel
+    /// without a system call, so the event loop can busy-poll before it sleeps in
+    /// [`Backend::wait`]. `None`: this backend cannot tell that cheaply (it is then
+    /// never busy-polled).
+    fn rx_ready(&self) -> Option<bool> {
+        None
+    }
+
     /// Link emulation settings and counters of one port, if it is emulated (see
     /// [`LinkEmuBackend`](crate::link_emu::LinkEmuBackend)).
     fn link_emu_stats(&self, _port: usize) -> Option<crate::link_emu::PortLinkEmuStats> {

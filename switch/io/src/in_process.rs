@@ -175,6 +175,14 @@ impl<B: Backend> Backend for InProcessLinks<B> {
         self.inner.waker()
     }
 
+    fn rx_ready(&self) -> Option<bool> {
+        if self.queue.is_empty() {
+            self.inner.rx_ready()
+        } else {
+            Some(true)
+        }
+    }
+
     fn port_counters(&mut self, port: usize) -> PortCounters {
         let mut c = self.inner.port_counters(port);
         let l = self.counters[port];

@@ -437,6 +437,24 @@ impl Core {
         wait(&[self.io.sock.as_fd(), self.qp.inbox().wake_fd()], PollFlags::POLLIN, Some(timeout))
     }
 
+    /// Polls for a datagram for up to `limit`, yielding the CPU between polls (see
+    /// [`CommConfig::busy_poll`]); true if one is queued.
+    fn busy_poll(&self, limit: Duration) -> io::Result<bool> {
+        if limit.is_zero() {
+            return Ok(false);
+        }
+        let t0 = Instant::now();
+        loop {
+            if self.wait_readable(Duration::ZERO)? {
+                return Ok(true);
+            }
+            if t0.elapsed() >= limit {
+                return Ok(false);
+            }
+            std::thread::yield_now();
+        }
+    }
+
     fn fire_timers(&mut self) {
         let now = self.now();
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
@@ -538,6 +556,8 @@ pub(crate) struct UdpTransport {
     switch_id: u32,
     /// Send through UDP GSO (decided at open, see [`gso_is_safe`]).
     gso: bool,
+    /// [`CommConfig::busy_poll`].
+    busy_poll: Duration,
 }
 
 /// Whether UDP GSO sends on `dp` reach the switch as the datagrams the ICRCs were
@@ -582,6 +602,7 @@ impl UdpTransport {
             comm_id: 0,
             switch_id: 0,
             gso,
+            busy_poll: cfg.busy_poll,
         })
     }
 
@@ -693,7 +714,8 @@ impl UdpTransport {
             // below handles it.
             let wait_for = c.next_timer().map_or(stall_left, |t| t.min(stall_left));
             let readable = c
-                .wait_readable(wait_for)
+                .busy_poll(self.busy_poll.min(wait_for))
+                .and_then(|ready| if ready { Ok(true) } else { c.wait_readable(wait_for) })
                 .map_err(|e| self.fail(format!("poll on {}: {e}", self.local)))?;
             if readable {
                 let n = c

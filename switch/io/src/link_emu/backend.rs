@@ -251,6 +251,13 @@ impl<B: Backend> Backend for LinkEmuBackend<B> {
         self.inner.waker()
     }
 
+    fn rx_ready(&self) -> Option<bool> {
+        if self.next_due().is_some_and(|due| due <= self.now()) {
+            return Some(true);
+        }
+        self.inner.rx_ready()
+    }
+
     fn port_counters(&mut self, port: usize) -> PortCounters {
         self.inner.port_counters(port)
     }
