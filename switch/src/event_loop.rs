@@ -93,6 +93,16 @@ pub struct LoopCounters {
     pub busy_poll_hits: u64,
 }
 
+/// How a busy poll ended.
+enum Polled {
+    /// A frame is waiting.
+    Frame,
+    /// A command came or shutdown was asked for.
+    Interrupted,
+    /// The bound passed: sleep.
+    Nothing,
+}
+
 /// The event loop over backend `B`.
 #[derive(Debug)]
 pub struct EventLoop<B: Backend> {
@@ -208,28 +218,35 @@ impl<B: Backend> EventLoop<B> {
             Some(t) => Some(t - now),
             None => None,
         };
-        if self.busy_poll_for_rx(timeout) {
-            self.counters.busy_poll_hits += 1;
-            return Ok(());
+        match self.busy_poll(timeout) {
+            Polled::Frame => {
+                self.counters.busy_poll_hits += 1;
+                return Ok(());
+            }
+            Polled::Interrupted => return Ok(()),
+            Polled::Nothing => {}
         }
         self.counters.waits += 1;
         self.backend.wait(timeout)?;
         Ok(())
     }
 
-    /// Busy-polls for a received frame (see [`Self::with_busy_poll`]); true if one came.
-    fn busy_poll_for_rx(&self, timeout: Option<Duration>) -> bool {
+    /// Busy-polls for a received frame (see [`Self::with_busy_poll`]).
+    fn busy_poll(&self, timeout: Option<Duration>) -> Polled {
         if self.busy_poll.is_zero() || self.backend.rx_ready().is_none() {
-            return false;
+            return Polled::Nothing;
         }
         let limit = timeout.map_or(self.busy_poll, |t| t.min(self.busy_poll));
         let t0 = Instant::now();
         loop {
             if self.backend.rx_ready() == Some(true) {
-                return true;
+                return Polled::Frame;
             }
-            if t0.elapsed() >= limit || self.shutdown.load(Ordering::Relaxed) {
-                return false;
+            if !self.commands.is_empty() || self.shutdown.load(Ordering::Relaxed) {
+                return Polled::Interrupted;
+            }
+            if t0.elapsed() >= limit {
+                return Polled::Nothing;
             }
             std::thread::yield_now();
         }
@@ -382,9 +399,16 @@ mod tests {
         f
     }
 
+    type Started =
+        (MemoryNet, Sender<Command>, Arc<AtomicBool>, Waker, std::thread::JoinHandle<Value>);
+
     /// Two logical switches (one port each) over one memory backend, loop on a thread.
-    fn start(
-    ) -> (MemoryNet, Sender<Command>, Arc<AtomicBool>, Waker, std::thread::JoinHandle<Value>) {
+    fn start() -> Started {
+        start_polling(Duration::ZERO)
+    }
+
+    /// [`start`] with `busy_poll`.
+    fn start_polling(busy_poll: Duration) -> Started {
         let specs = vec!["a0".parse().unwrap(), "b0".parse().unwrap()];
         let (backend, net) = MemoryBackend::new(specs, 64);
         let switches = (0..2u32)
@@ -408,9 +432,32 @@ mod tests {
         let (tx, rx) = crossbeam_channel::unbounded();
         let shutdown = Arc::new(AtomicBool::new(false));
         let waker = backend.waker();
-        let el = EventLoop::new(backend, switches, rx, None, shutdown.clone());
+        let el =
+            EventLoop::new(backend, switches, rx, None, shutdown.clone()).with_busy_poll(busy_poll);
         let h = std::thread::spawn(move || el.run().unwrap());
         (net, tx, shutdown, waker, h)
+    }
+
+    /// A loop that busy-polls takes frames without sleeping, and still answers a
+    /// command and the shutdown flag at once however long its poll bound.
+    #[test]
+    fn busy_polling_loop_takes_frames_without_sleeping() {
+        let (net, tx, shutdown, waker, h) = start_polling(Duration::from_secs(3600));
+        for sender in [7, 8] {
+            let arp = arp_request(Ipv4Addr::new(10, 0, 1, 1), Ipv4Addr::new(10, 0, 1, sender));
+            net.inject(1, &arp);
+            net.recv_timeout(Duration::from_secs(5)).expect("ARP reply");
+        }
+        let (rtx, rrx) = crossbeam_channel::bounded(1);
+        tx.send(Command::Stats { reply: rtx }).unwrap();
+        let snap = rrx.recv_timeout(Duration::from_secs(5)).expect("stats while polling");
+        assert_eq!(snap["loop"]["waits"], 0, "never slept");
+        assert!(snap["loop"]["busy_poll_hits"].as_u64().unwrap() >= 1, "{}", snap["loop"]);
+        shutdown.store(true, Ordering::Relaxed);
+        let t = Instant::now();
+        h.join().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(5), "shutdown while polling");
+        drop(waker);
     }
 
     use inc_switch_io::Waker;

@@ -233,6 +233,10 @@ impl Backend for MemoryBackend {
         Waker::new(self.shared.clone())
     }
 
+    fn rx_ready(&self) -> Option<bool> {
+        Some(!self.shared.lock().inbound.is_empty())
+    }
+
     fn port_counters(&mut self, port: usize) -> PortCounters {
         let mut c = self.counters[port];
         c.rx_dropped = self.shared.lock().dropped[port];

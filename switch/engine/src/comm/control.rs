@@ -250,3 +250,106 @@ impl Comm {
         self.maybe_retire(seq);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::net::Ipv4Addr;
+
+    use inc_ctrl_proto::{udp_port_for_qpn, ConnectionRule, Peer, SwitchRules};
+    use inc_protocol::coll::{CollOp, CtrlMsg, HEADER_LEN};
+    use inc_protocol::Time;
+    use inc_wire::{
+        BthRepr, DataType, EthAddrs, EthernetAddress, IncImm, Opcode, Operator, Primitive, Psn,
+        RoceRepr,
+    };
+
+    use super::super::Comm;
+    use crate::SwitchEngineConfig;
+
+    const HOST_PSN: u32 = 100;
+
+    /// One switch, two hosts (ranks 0 and 1), W = 4, 8 slots, mtu 256.
+    fn comm() -> Comm {
+        let connections = (0..2u16)
+            .map(|rank| ConnectionRule {
+                port: format!("p{rank}"),
+                local_ip: Ipv4Addr::new(10, 0, rank as u8, 1),
+                local_mac: EthernetAddress([2, 0, 0, 0, rank as u8, 1]),
+                local_qpn: 0x100 + u32::from(rank),
+                local_udp_port: udp_port_for_qpn(0x100 + u32::from(rank)),
+                local_start_psn: 0,
+                peer: Peer::Host { rank },
+                peer_ip: Ipv4Addr::new(10, 0, rank as u8, 2),
+                peer_mac: Some(EthernetAddress([2, 0, 0, 0, rank as u8, 2])),
+                peer_qpn: 0x11 + u32::from(rank),
+                peer_udp_port: 4791,
+                peer_start_psn: HOST_PSN,
+                ranks: vec![rank],
+            })
+            .collect();
+        let rules = SwitchRules {
+            comm_id: 1,
+            switch_id: 0,
+            world_size: 2,
+            mtu: 256,
+            window: 4,
+            slots: 8,
+            parent: None,
+            connections,
+        };
+        Comm::new(&rules, &[0, 1], &SwitchEngineConfig::default())
+    }
+
+    /// Host `conn` sends its `psn`-th request: a Start with data of one 1-element
+    /// collective `seq` at stream position `start_pos`.
+    fn start_with_data(comm: &mut Comm, conn: usize, psn: u32, seq: u32, start_pos: u64) {
+        let op = CollOp {
+            primitive: Primitive::AllReduce,
+            operator: Operator::Sum,
+            datatype: DataType::Int32,
+            root: IncImm::ALL_RANKS,
+        };
+        let msg = CtrlMsg::Start { seq, count: 1, start_pos, chunks: 1, rank: conn as u16 };
+        let mut payload = [0u8; HEADER_LEN + 4];
+        let imm = msg.emit_start_with_data(&op, &mut payload);
+        payload[HEADER_LEN..].copy_from_slice(&7u32.to_be_bytes());
+        let bth = BthRepr::new(Opcode::RcSendOnlyWithImmediate, 0x100, Psn::new(HOST_PSN + psn));
+        let eth = EthAddrs { src: EthernetAddress([2; 6]), dst: EthernetAddress([2; 6]) };
+        let ip = |i: u8| Ipv4Addr::new(10, 0, conn as u8, i);
+        let mut repr = RoceRepr::new(eth, ip(2), ip(1), 4791, bth);
+        repr.ext.imm = Some(imm);
+        repr.payload_len = payload.len();
+        comm.handle_packet(Time::ZERO, conn, &repr, &payload, &mut VecDeque::new());
+    }
+
+    /// A Start with data whose slot still holds an older chunk is refused whole: the RNR
+    /// leaves no collective, no expectation and no contribution behind, and the same
+    /// message resent once the slot is free is taken as Start plus chunk.
+    #[test]
+    fn start_with_data_on_a_busy_slot_is_refused_whole() {
+        let mut c = comm();
+        // Rank 0 starts collective 0 (position 0, slot 0); rank 1 has not yet.
+        start_with_data(&mut c, 0, 0, 0, 0);
+        assert_eq!(c.conns[0].rc.counters().rx_requests, 1);
+        // Rank 0 claims collective 1 at position 8, slot 0 again, still held.
+        start_with_data(&mut c, 0, 1, 1, 8);
+        assert_eq!(c.conns[0].rc.counters().rx_requests, 1, "refused");
+        assert_eq!(c.counters.slot_conflicts, 1);
+        assert!(c.find_collective(1).is_none(), "no collective created");
+        assert_eq!(c.conns[0].expected.len(), 0, "collective 0's chunk was consumed");
+        assert_eq!(c.slots.meta(0).pos, 0);
+        // Rank 1 completes collective 0: the result goes to both, slot 0 is free again.
+        start_with_data(&mut c, 1, 0, 0, 0);
+        assert_eq!(c.counters.collectives_completed, 1);
+        assert_eq!(c.conns[0].tx_data, 1);
+        assert_eq!(c.conns[1].tx_data, 1);
+        // The resent message now applies whole.
+        start_with_data(&mut c, 0, 1, 1, 8);
+        assert_eq!(c.conns[0].rc.counters().rx_requests, 2);
+        assert!(c.find_collective(1).is_some());
+        assert_eq!(c.slots.meta(0).pos, 8);
+        assert_eq!(c.conns[0].rx_data, 2);
+        assert_eq!(c.counters.protocol_errors, 0);
+    }
+}
