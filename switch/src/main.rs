@@ -152,7 +152,8 @@ struct RunArgs {
     /// Where hosts share the switch's cores, sleeping costs a wake-up per frame on both
     /// sides; polling took the 1-element AllReduce p50 on 1-2-4 from about 115 to 35 us
     /// here, together with the hosts' INCCL_BUSY_POLL_US (switch/README.md). 0: always
-    /// sleep. DPDK polls by itself (--dpdk-idle-max-us); pcap is never polled.
+    /// sleep. DPDK yields instead of its idle back-off sleeps for as long after a frame;
+    /// pcap is never polled.
     #[arg(long, default_value_t = 200)]
     busy_poll_us: u64,
     /// pcap/af_xdp: also take UDP frames to this destination port (besides 4791 and
@@ -332,6 +333,7 @@ fn run_dpdk(
         },
         tx_batch: args.tx_batch,
         idle_sleep_max: std::time::Duration::from_micros(args.dpdk_idle_max_us),
+        busy_poll: shared.busy_poll,
         promiscuous: !args.no_promisc,
         // EAL is initialised once, by the first worker's backend, for every port.
         process_ports: plans.iter().map(|p| p.ports.len()).sum(),

@@ -15,9 +15,10 @@
 //!   is initialised once per process.
 //!
 //! Idle cost: DPDK has no receive readiness to sleep on for these PMDs, so [`Backend::wait`]
-//! backs off adaptively: it returns at once for a few empty polls, then sleeps 1 µs,
-//! 2 µs, ... up to [`DpdkConfig::idle_sleep_max`] (interruptible by the [`Waker`]), and
-//! the first received frame resets the back-off.
+//! backs off adaptively: it returns at once for a few empty polls, then, until
+//! [`DpdkConfig::busy_poll`] has passed since the last received frame, yields the CPU
+//! between polls, then sleeps 1 µs, 2 µs, ... up to [`DpdkConfig::idle_sleep_max`]
+//! (interruptible by the [`Waker`]); the first received frame resets the back-off.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
@@ -62,6 +63,10 @@ pub struct DpdkConfig {
     pub vdev_frames: u32,
     /// Longest idle sleep between empty polls.
     pub idle_sleep_max: Duration,
+    /// After a received frame, poll this long (yielding the CPU between polls) before
+    /// sleeping: a sleep of the back-off would add up to `idle_sleep_max` to the next
+    /// frame's latency, and hosts that busy-poll keep the CPUs from being idle.
+    pub busy_poll: Duration,
     /// Put ports in promiscuous mode (left again on close).
     pub promiscuous: bool,
     /// Ports of every DPDK backend this process opens (several workers each open one),
@@ -78,6 +83,7 @@ impl Default for DpdkConfig {
             descriptors: 512,
             vdev_frames: 512,
             idle_sleep_max: Duration::from_micros(500),
+            busy_poll: Duration::from_micros(200),
             promiscuous: true,
             process_ports: 0,
         }
@@ -127,12 +133,26 @@ pub fn frame_slot(max_frame: usize) -> usize {
     (max_frame + 80).next_power_of_two().max(2048)
 }
 
-/// Exponential idle back-off: `None` (poll again at once) for the first few empty
-/// polls, then 1 µs doubling up to the cap.
+/// Exponential idle back-off: poll again at once for the first few empty polls, yield
+/// the CPU until `busy_poll` has passed since the last frame, then sleep 1 µs doubling
+/// up to the cap.
 #[derive(Debug, Clone)]
 struct Backoff {
     empty: u32,
     max: Duration,
+    busy_poll: Duration,
+    last_rx: std::time::Instant,
+}
+
+/// What an idle poll loop does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idle {
+    /// Poll again at once.
+    Spin,
+    /// Give the CPU to whoever else is runnable, then poll again.
+    Yield,
+    /// Sleep this long.
+    Sleep(Duration),
 }
 
 impl Backoff {
@@ -140,17 +160,26 @@ impl Backoff {
     /// usually arrives within a few polls.
     const SPIN_POLLS: u32 = 4;
 
+    fn new(max: Duration, busy_poll: Duration) -> Self {
+        Backoff { empty: 0, max, busy_poll, last_rx: std::time::Instant::now() }
+    }
+
     fn reset(&mut self) {
         self.empty = 0;
+        self.last_rx = std::time::Instant::now();
     }
 
     fn empty_poll(&mut self) {
         self.empty = self.empty.saturating_add(1);
     }
 
-    fn sleep(&self) -> Option<Duration> {
-        let k = self.empty.checked_sub(Self::SPIN_POLLS)?;
-        Some(Duration::from_micros(1u64 << k.min(30)).min(self.max))
+    /// The next step, `since_rx` after the last received frame.
+    fn next(&self, since_rx: Duration) -> Idle {
+        let Some(k) = self.empty.checked_sub(Self::SPIN_POLLS) else { return Idle::Spin };
+        if since_rx < self.busy_poll {
+            return Idle::Yield;
+        }
+        Idle::Sleep(Duration::from_micros(1u64 << k.min(30)).min(self.max))
     }
 }
 
@@ -335,7 +364,7 @@ impl DpdkBackend {
             max_frame,
             queued: 0,
             rx_rotation: RxRotation::default(),
-            idle: Backoff { empty: 0, max: config.idle_sleep_max },
+            idle: Backoff::new(config.idle_sleep_max, config.busy_poll),
             wake: Arc::new(EventFd::new()?),
             config,
         })
@@ -475,7 +504,14 @@ impl Backend for DpdkBackend {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {
-        let Some(nap) = self.idle.sleep() else { return Ok(()) };
+        let nap = match self.idle.next(self.idle.last_rx.elapsed()) {
+            Idle::Spin => return Ok(()),
+            Idle::Yield => {
+                std::thread::yield_now();
+                return Ok(());
+            }
+            Idle::Sleep(nap) => nap,
+        };
         let nap = timeout.map_or(nap, |t| t.min(nap));
         if nap.is_zero() {
             return Ok(());
@@ -607,19 +643,24 @@ mod tests {
 
     #[test]
     fn backoff_spins_then_doubles_to_the_cap() {
-        let mut b = Backoff { empty: 0, max: Duration::from_micros(100) };
+        let us = Duration::from_micros;
+        let mut b = Backoff::new(us(100), us(200));
         let mut naps = Vec::new();
         for _ in 0..14 {
             b.empty_poll();
-            naps.push(b.sleep().map(|d| d.as_micros()));
+            naps.push(b.next(us(200)));
         }
-        assert_eq!(&naps[..3], &[None, None, None]);
-        assert_eq!(
-            &naps[3..10],
-            &[Some(1), Some(2), Some(4), Some(8), Some(16), Some(32), Some(64)]
-        );
-        assert!(naps[10..].iter().all(|n| *n == Some(100)));
+        assert_eq!(&naps[..3], &[Idle::Spin; 3]);
+        let doubling: Vec<Idle> = [1, 2, 4, 8, 16, 32, 64].map(|n| Idle::Sleep(us(n))).to_vec();
+        assert_eq!(&naps[3..10], &doubling[..]);
+        assert!(naps[10..].iter().all(|n| *n == Idle::Sleep(us(100))));
+        // Within the busy poll after a frame: yield, never sleep.
+        assert_eq!(b.next(us(199)), Idle::Yield);
         b.reset();
-        assert_eq!(b.sleep(), None);
+        assert_eq!(b.next(us(0)), Idle::Spin);
+        // No busy poll: straight to the back-off.
+        let mut b = Backoff::new(us(100), Duration::ZERO);
+        (0..5).for_each(|_| b.empty_poll());
+        assert_eq!(b.next(Duration::ZERO), Idle::Sleep(us(2)));
     }
 }
