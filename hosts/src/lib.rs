@@ -97,6 +97,67 @@ pub fn expected_bits(dtype: DataType, op: ReduceOp, i: u64, world: u16) -> u32 {
     }
 }
 
+/// The expected result of every element, in a form cheap enough per element that
+/// checking a result costs about what the MPI reference's check costs (a multiply and
+/// a compare): otherwise the ranks leave their checks at times further apart than MPI's
+/// ranks do, and the next iteration's time, the slowest rank's, carries the difference.
+#[derive(Debug, Clone, PartialEq)]
+enum Expected {
+    /// `(i as u32) * k`, wrapping: INT32 inputs are `i * (rank + 1)`, so their sum, and a
+    /// Broadcast's input, are multiples of `i` modulo 2^32.
+    Multiple(u32),
+    /// `table[i % 1024]`: FLOAT32 inputs repeat every 1024 elements.
+    Periodic(Vec<u32>),
+    /// The fold over the ranks (INT32 Max and Min, whose wrapping inputs have no closed
+    /// form).
+    Fold(DataType, ReduceOp, u16),
+}
+
+impl Expected {
+    fn new(which: Collective, dtype: DataType, op: ReduceOp, root: u16, world: u16) -> Self {
+        const PERIOD: u64 = 1024;
+        match (which, dtype, op) {
+            (Collective::Broadcast, DataType::Int32, _) => Expected::Multiple(u32::from(root) + 1),
+            (Collective::Broadcast, DataType::Float32, _) => {
+                Expected::Periodic((0..PERIOD).map(|i| input_f32(i, root).to_bits()).collect())
+            }
+            (_, DataType::Int32, ReduceOp::Sum) => {
+                Expected::Multiple((1..=u32::from(world)).fold(0, u32::wrapping_add))
+            }
+            (_, DataType::Float32, _) => Expected::Periodic(
+                (0..PERIOD).map(|i| expected_bits(dtype, op, i, world)).collect(),
+            ),
+            (_, DataType::Int32, _) => Expected::Fold(dtype, op, world),
+        }
+    }
+
+    /// Element `i`'s expected bits.
+    fn at(&self, i: u64) -> u32 {
+        match self {
+            Expected::Multiple(k) => (i as u32).wrapping_mul(*k),
+            Expected::Periodic(t) => t[(i % t.len() as u64) as usize],
+            Expected::Fold(dtype, op, world) => expected_bits(*dtype, *op, i, *world),
+        }
+    }
+
+    /// The first element of `got` that differs: (index, got, expected).
+    fn first_mismatch<T: TestElem>(&self, got: &[T]) -> Option<(usize, u32, u32)> {
+        let at = |i: usize, v: &T| {
+            let want = self.at(i as u64);
+            (v.bits() != want).then_some((i, v.bits(), want))
+        };
+        match self {
+            // The common case as a plain loop the compiler can vectorise.
+            Expected::Multiple(k) => got
+                .iter()
+                .enumerate()
+                .find(|(i, v)| v.bits() != (*i as u32).wrapping_mul(*k))
+                .and_then(|(i, v)| at(i, v)),
+            _ => got.iter().enumerate().find_map(|(i, v)| at(i, v)),
+        }
+    }
+}
+
 /// An element type the programs can fill and verify.
 trait TestElem: inccl::Element {
     fn input(i: u64, rank: u16) -> Self;
@@ -141,6 +202,7 @@ fn run_typed<T: TestElem>(
     let mut dst: Vec<T> = vec![<T as bytemuck::Zeroable>::zeroed(); n];
     let mut times = Vec::new();
     let mut pass = true;
+    let expected = Expected::new(which, args.dtype, args.op, args.root, world);
     for it in 0..args.warmup + args.iters {
         dst.iter_mut().for_each(|v| *v = <T as bytemuck::Zeroable>::zeroed());
         let t = Instant::now();
@@ -166,13 +228,7 @@ fn run_typed<T: TestElem>(
             Collective::Barrier => false,
         };
         if check {
-            let want = |i: u64| match which {
-                Collective::Broadcast => T::input(i, args.root).bits(),
-                _ => expected_bits(args.dtype, args.op, i, world),
-            };
-            if let Some((i, got, exp)) = dst.iter().enumerate().find_map(|(i, v)| {
-                (v.bits() != want(i as u64)).then(|| (i, v.bits(), want(i as u64)))
-            }) {
+            if let Some((i, got, exp)) = expected.first_mismatch(&dst) {
                 eprintln!(
                     "rank {rank}: iteration {it}: element {i} is {got:#010x}, expected {exp:#010x}"
                 );
@@ -309,6 +365,51 @@ pub fn main_for(which: Collective) -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cheap forms give the fold's (and the Broadcast root's input's) value for
+    /// every collective, datatype, operator, root and world size, at small, wrapping
+    /// and beyond-4G indices; and the check finds the first wrong element.
+    #[test]
+    fn expected_forms_agree_with_the_fold() {
+        let indices = (0..3000u64).chain([0x4000_0000, 0x8000_0001, u64::from(u32::MAX), 1 << 33]);
+        let indices: Vec<u64> = indices.collect();
+        for which in [Collective::AllReduce, Collective::Reduce, Collective::Broadcast] {
+            for dtype in [DataType::Int32, DataType::Float32] {
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                    for (world, root) in [(1, 0), (4, 0), (4, 3), (7, 5)] {
+                        let e = Expected::new(which, dtype, op, root, world);
+                        for &i in &indices {
+                            let want = match (which, dtype) {
+                                (Collective::Broadcast, DataType::Int32) => {
+                                    input_i32(i, root) as u32
+                                }
+                                (Collective::Broadcast, DataType::Float32) => {
+                                    input_f32(i, root).to_bits()
+                                }
+                                _ => expected_bits(dtype, op, i, world),
+                            };
+                            assert_eq!(
+                                e.at(i),
+                                want,
+                                "{which:?} {dtype:?} {op:?} {world} {root} {i}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let e = Expected::new(Collective::AllReduce, DataType::Int32, ReduceOp::Sum, 0, 4);
+        let mut got: Vec<i32> = (0..100u64).map(|i| e.at(i) as i32).collect();
+        assert_eq!(e.first_mismatch(&got), None);
+        got[37] ^= 1;
+        got[90] = 0;
+        assert_eq!(e.first_mismatch(&got), Some((37, 370 ^ 1, 370)));
+        let e = Expected::new(Collective::AllReduce, DataType::Float32, ReduceOp::Max, 0, 4);
+        let mut got: Vec<f32> = (0..2000u64).map(|i| f32::from_bits(e.at(i))).collect();
+        assert_eq!(e.first_mismatch(&got), None);
+        got[1500] = 0.5;
+        assert_eq!(e.first_mismatch(&got).map(|m| m.0), Some(1500));
+    }
 
     #[test]
     fn expected_values() {
