@@ -9,7 +9,9 @@
 //!   ([`Backend::tx_buffer`]), names the port once it knows it ([`Backend::commit_tx`]),
 //!   and [`Backend::flush`] hands the batch to the system;
 //! - wait for receive readiness across all ports, a [`Waker`] or a timeout
-//!   ([`Backend::wait`]); nothing busy-polls.
+//!   ([`Backend::wait`]); a backend that can say without a system call whether a
+//!   frame waits ([`Backend::rx_ready`]) lets the event loop busy-poll a bounded time
+//!   before it sleeps.
 //!
 //! Backends: [`memory`] (in-process, for tests), [`af_packet`] (TPACKET_V2 receive ring
 //! by default, V3 on request, `sendmmsg` transmit), [`libpcap`] (libpcap live handles),
