@@ -147,13 +147,13 @@ struct RunArgs {
     /// (switch/README.md).
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// af_packet/af_xdp: before a worker sleeps, it polls its receive rings this many
-    /// microseconds (fewer if a timer falls due sooner), yielding the CPU between polls.
+    /// Before a worker sleeps, it polls its ports this many microseconds (fewer if a
+    /// timer falls due sooner), yielding the CPU between polls (af_packet and af_xdp
+    /// read their rings, pcap asks poll(2) with a zero timeout).
     /// Where hosts share the switch's cores, sleeping costs a wake-up per frame on both
     /// sides; polling took the 1-element AllReduce p50 on 1-2-4 from about 115 to 35 us
     /// here, together with the hosts' INCCL_BUSY_POLL_US (switch/README.md). 0: always
-    /// sleep. DPDK yields instead of its idle back-off sleeps for as long after a frame;
-    /// pcap is never polled.
+    /// sleep. DPDK yields instead of its idle back-off sleeps for as long after a frame.
     #[arg(long, default_value_t = 200)]
     busy_poll_us: u64,
     /// pcap/af_xdp: also take UDP frames to this destination port (besides 4791 and

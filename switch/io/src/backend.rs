@@ -215,9 +215,9 @@ pub trait Backend: Send + fmt::Debug {
         false
     }
 
-    /// Whether a received frame is waiting, read from memory shared with the kernel
-    /// without a system call, so the event loop can busy-poll before it sleeps in
-    /// [`Backend::wait`]. `None`: this backend cannot tell that cheaply (it is then
+    /// Whether a received frame is waiting, found out cheaply (from memory shared with
+    /// the kernel, or a zero-timeout `poll`), so the event loop can busy-poll before it
+    /// sleeps in [`Backend::wait`]. `None`: this backend cannot tell cheaply (it is then
     /// never busy-polled).
     fn rx_ready(&self) -> Option<bool> {
         None
