@@ -1,7 +1,8 @@
 //! pcap and AF_XDP backends over a veth pair between two network namespaces created
 //! (and always removed) by this test: frames cross in order, the filter keeps only ARP
 //! and RoCEv2, the XDP program is attached natively, detached on drop, and a program
-//! left on the interface is replaced. Skips when not root (fails when CI=true).
+//! left on the interface is replaced, and each reports a waiting frame through
+//! `rx_ready`. Skips when not root (fails when CI=true).
 
 #![cfg(target_os = "linux")]
 
@@ -270,4 +271,41 @@ fn cpu_ticks() -> u64 {
     let rest = &s[s.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// What the event loop busy-polls: an idle port is not ready, a frame from the peer
+/// makes it ready without a wait, and receiving it makes it idle again.
+#[test]
+fn rx_ready_reports_a_waiting_frame() {
+    let Some(ns) = setup("r") else { return };
+    let mut tx = AfPacketBackend::open(&[ns.port(0)], AfPacketConfig::default()).unwrap();
+    // One at a time: AF_XDP's program would take the frames from the others.
+    for kind in 0..3 {
+        let port = [ns.port(1)];
+        let mut rx: Box<dyn Backend> = match kind {
+            0 => Box::new(PcapBackend::open(&port, PcapConfig::default()).unwrap()),
+            1 => Box::new(AfXdpBackend::open(&port, AfXdpConfig::default()).unwrap()),
+            _ => Box::new(AfPacketBackend::open(&port, AfPacketConfig::default()).unwrap()),
+        };
+        let name = rx.name();
+        // Whatever the open left behind (e.g. IPv6 router solicitations) goes first.
+        rx.recv_batch(1024, &mut |_, _| {}).unwrap();
+        let (src, dst) = (tx.ports()[0].mac, rx.ports()[0].mac);
+        let f = frame(src, dst, Kind::Udp(4791), 1, 128);
+        tx.tx_buffer().unwrap()[..f.len()].copy_from_slice(&f);
+        tx.commit_tx(0, f.len());
+        tx.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while rx.rx_ready() != Some(true) {
+            assert!(Instant::now() < deadline, "{name}: frame never reported ready");
+            std::thread::yield_now();
+        }
+        let mut got = 0;
+        rx.recv_batch(1024, &mut |_, g| {
+            got += usize::from(classify(g) == Some((Kind::Udp(4791), 1)))
+        })
+        .unwrap();
+        assert_eq!(got, 1, "{name}");
+        assert_eq!(rx.rx_ready(), Some(false), "{name}: ready after the ring was drained");
+    }
 }
