@@ -89,7 +89,7 @@ proptest::proptest! {
         ),
     ) {
         let mut net = one_switch_two_hosts();
-        let (addr, mut psn) = host0_side(&net);
+        let (addr, mut psn) = host_side(&net, 0);
         let Node::Switch(sw) = &mut net.nodes[0] else { unreachable!() };
         let mut frame = vec![0u8; 2048];
         let mut out = vec![0u8; 2048];
@@ -125,10 +125,10 @@ fn one_switch_two_hosts() -> Net {
     build(&t, SwitchEngineConfig::default(), 0.0, 1)
 }
 
-/// Host 0's side of its connection to switch 0, as rules and endpoint say, and its
-/// first PSN.
-fn host0_side(net: &Net) -> (inc_protocol::RcAddressing, inc_wire::Psn) {
-    let Node::Host(h) = &net.nodes[1] else { unreachable!() };
+/// Host `rank`'s side of its connection to switch 0 (port `rank`), as rules and
+/// endpoint say, and its first PSN.
+fn host_side(net: &Net, rank: usize) -> (inc_protocol::RcAddressing, inc_wire::Psn) {
+    let Node::Host(h) = &net.nodes[1 + rank] else { unreachable!() };
     let c = h.engine.config();
     let addr = inc_protocol::RcAddressing {
         local_mac: c.local_mac,
@@ -148,7 +148,7 @@ fn host0_side(net: &Net) -> (inc_protocol::RcAddressing, inc_wire::Psn) {
 #[test]
 fn intact_frames_skip_only_the_icrc_check() {
     let mut net = one_switch_two_hosts();
-    let (addr, psn) = host0_side(&net);
+    let (addr, psn) = host_side(&net, 0);
     let Node::Switch(sw) = &mut net.nodes[0] else { unreachable!() };
     let mut frame = vec![0u8; 512];
     let n = addr.emit_send(&mut frame, psn, None, &[1, 2, 3, 4], None).unwrap();
@@ -160,4 +160,66 @@ fn intact_frames_skip_only_the_icrc_check() {
     let c = sw.counters();
     assert_eq!((c.rx_frames, c.rx_intact_frames, c.drops.bad_icrc), (2, 1, 1));
     assert_eq!(c.comms[0].connections[0].rc.rx_requests, 1, "taken as the next request");
+}
+
+/// A Start with data whose slot still holds an older chunk is refused whole (RNR): no
+/// collective, no expectation and no contribution stay behind, and the same message
+/// resent once the slot is free is taken as Start plus chunk.
+#[test]
+fn start_with_data_on_a_busy_slot_is_refused_whole() {
+    use inc_protocol::coll::{CollOp, CtrlMsg, HEADER_LEN};
+    let mut net = one_switch_two_hosts();
+    let sides = [host_side(&net, 0), host_side(&net, 1)];
+    let Node::Switch(sw) = &mut net.nodes[0] else { unreachable!() };
+    let op = CollOp {
+        primitive: inc_wire::Primitive::AllReduce,
+        operator: Operator::Sum,
+        datatype: DataType::Int32,
+        root: inc_wire::IncImm::ALL_RANKS,
+    };
+    // Rank `rank`'s `k`-th request: a Start with data of a 1-element collective `seq` at
+    // stream position `start_pos`, contributing 7. Returns the result chunks the switch
+    // sends back as (port, value), by port.
+    let send = |sw: &mut SwitchEngine, rank: usize, k: u32, seq: u32, start_pos: u64| {
+        let msg = CtrlMsg::Start { seq, count: 1, start_pos, chunks: 1, rank: rank as u16 };
+        let mut payload = [0u8; HEADER_LEN + 4];
+        let imm = msg.emit_start_with_data(&op, &mut payload);
+        payload[HEADER_LEN..].copy_from_slice(&7u32.to_be_bytes());
+        let (addr, psn) = &sides[rank];
+        let mut frame = [0u8; 256];
+        let n = addr.emit_send(&mut frame, *psn + k, Some(imm), &payload, None).unwrap();
+        sw.handle_frame(Time::ZERO, rank, &frame[..n]);
+        let mut results = Vec::new();
+        let mut out = [0u8; 2048];
+        while let Some(t) = sw.poll_transmit(Time::ZERO, &mut out) {
+            // Odd ranks listen on their own UDP port.
+            let f = inc_wire::RoceRepr::parse_any_port(&out[..t.len]).unwrap();
+            if f.repr.ext.aeth.is_none() && f.repr.ext.imm.is_none() {
+                results.push((t.port, u32::from_be_bytes(f.payload.try_into().unwrap())));
+            }
+        }
+        results.sort_unstable();
+        results
+    };
+    let comm = |sw: &SwitchEngine| sw.counters().comms[0].clone();
+    // Rank 0 starts collective 0 (position 0, slot 0); rank 1 has not yet.
+    assert!(send(sw, 0, 0, 0, 0).is_empty());
+    // Rank 0 claims collective 1 at position 8: slot 0 again, still held.
+    assert!(send(sw, 0, 1, 1, 8).is_empty());
+    let c = comm(sw);
+    assert_eq!(c.connections[0].rc.rx_requests, 1, "refused");
+    assert_eq!(c.connections[0].rx_data, 1);
+    assert_eq!((c.slot_conflicts, c.collectives_started), (1, 1), "no collective created");
+    // Rank 1 completes collective 0 with the slot's chunk untouched: 7 + 7 to both.
+    assert_eq!(send(sw, 1, 0, 0, 0), [(0, 14), (1, 14)]);
+    assert_eq!(comm(sw).collectives_completed, 1);
+    // The resent message now applies whole: collective 1 runs at position 8, and rank 1's
+    // chunk completes it.
+    assert!(send(sw, 0, 1, 1, 8).is_empty());
+    let c = comm(sw);
+    assert_eq!((c.connections[0].rc.rx_requests, c.connections[0].rx_data), (2, 2));
+    assert_eq!(c.collectives_started, 2);
+    assert_eq!(send(sw, 1, 1, 1, 8), [(0, 14), (1, 14)]);
+    let c = comm(sw);
+    assert_eq!((c.collectives_completed, c.slot_conflicts, c.protocol_errors), (2, 1, 0));
 }
