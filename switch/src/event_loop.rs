@@ -233,14 +233,16 @@ impl<B: Backend> EventLoop<B> {
 
     /// Busy-polls for a received frame (see [`Self::with_busy_poll`]).
     fn busy_poll(&self, timeout: Option<Duration>) -> Polled {
-        if self.busy_poll.is_zero() || self.backend.rx_ready().is_none() {
+        if self.busy_poll.is_zero() {
             return Polled::Nothing;
         }
         let limit = timeout.map_or(self.busy_poll, |t| t.min(self.busy_poll));
         let t0 = Instant::now();
         loop {
-            if self.backend.rx_ready() == Some(true) {
-                return Polled::Frame;
+            match self.backend.rx_ready() {
+                None => return Polled::Nothing,
+                Some(true) => return Polled::Frame,
+                Some(false) => {}
             }
             if !self.commands.is_empty() || self.shutdown.load(Ordering::Relaxed) {
                 return Polled::Interrupted;

@@ -149,7 +149,7 @@ struct RunArgs {
     workers: usize,
     /// Before a worker sleeps, it polls its ports this many microseconds (fewer if a
     /// timer falls due sooner), yielding the CPU between polls (af_packet and af_xdp
-    /// read their rings, pcap asks poll(2) with a zero timeout).
+    /// read their rings, pcap asks its epoll set with a zero timeout).
     /// Where hosts share the switch's cores, sleeping costs a wake-up per frame on both
     /// sides; polling took the 1-element AllReduce p50 on 1-2-4 from about 115 to 35 us
     /// here, together with the hosts' INCCL_BUSY_POLL_US (switch/README.md). 0: always

@@ -265,16 +265,12 @@ impl Backend for PcapBackend {
         if self.maybe_ready {
             return Some(true);
         }
-        // libpcap keeps its ring to itself: ask the kernel, without waiting.
-        let mut fds: Vec<libc::pollfd> = self
-            .handles
-            .iter()
-            .map(|h| libc::pollfd { fd: h.cap.as_raw_fd(), events: libc::POLLIN, revents: 0 })
-            .collect();
-        // Safety: `fds` is a valid, writable array of `fds.len()` pollfds; timeout 0.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        // Errors (POLLERR) are left to `wait`, which takes and reports them.
-        Some(n > 0 && fds.iter().any(|f| f.revents & libc::POLLIN != 0))
+        // libpcap keeps its ring to itself: ask the epoll set `wait` sleeps on, without
+        // waiting. The waker and port errors are left to `wait`, which drains and
+        // reports them.
+        let mut events = sys::events::<16>();
+        let n = self.epoll.ready_now(&mut events);
+        Some(events[..n].iter().any(|ev| sys::token(ev) != u64::MAX && !sys::is_error(ev)))
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {

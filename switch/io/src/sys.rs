@@ -140,6 +140,11 @@ impl Epoll {
         };
         self.inner.wait(events, timeout)
     }
+
+    /// The events ready now, without waiting (errors count as none ready).
+    pub(crate) fn ready_now(&self, events: &mut [Event]) -> usize {
+        self.inner.wait(events, EpollTimeout::ZERO).unwrap_or(0)
+    }
 }
 
 /// Take (and clear) a socket's pending error (`SO_ERROR`).
