@@ -285,29 +285,47 @@ fn per_round_ratios(
         "== INC time / MPI time per round: median [min-max] over the rounds of each round's \
          ratio of medians"
     );
-    let _ = writeln!(
-        o,
-        "# {:<7} {:>9} {}",
-        "type",
-        "size",
-        backends.iter().map(|b| format!("{:>20}", b)).collect::<String>()
-    );
-    let cell = |r: Option<(f64, f64, f64)>| match r {
-        Some((m, lo, hi)) => format!("{:>20}", format!("{m:.2} [{lo:.2}-{hi:.2}]")),
-        None => format!("{:>20}", "-"),
-    };
+    ratio_table(o, backends, sizes, 20, |b, row| {
+        let r = match row {
+            Row::Size(dtype, bytes) => {
+                round_ratios(ms, b, Coll::AllReduce, Some(dtype), false, Some(bytes))
+            }
+            Row::Small(coll) => round_ratios(ms, b, coll, None, true, None),
+        };
+        r.map_or(format!("{:>20}", "-"), |(m, lo, hi)| {
+            format!("{:>20}", format!("{m:.2} [{lo:.2}-{hi:.2}]"))
+        })
+    });
+}
+
+/// A row of an INC / MPI table.
+#[derive(Clone, Copy)]
+enum Row<'a> {
+    /// AllReduce of this datatype and size.
+    Size(&'a str, u64),
+    /// The small-message test of this collective (p50).
+    Small(Coll),
+}
+
+/// The header, a row per AllReduce size, then the 1-element AllReduce and Barrier
+/// rows, with `cell(backend, row)` (`width` wide) in each backend's column.
+fn ratio_table(
+    o: &mut String,
+    backends: &[&String],
+    sizes: &[(String, u64)],
+    width: usize,
+    cell: impl Fn(&str, Row<'_>) -> String,
+) {
+    let header: String = backends.iter().map(|b| format!("{b:>width$}")).collect();
+    let _ = writeln!(o, "# {:<7} {:>9} {header}", "type", "size");
     for (dtype, bytes) in sizes {
-        let cells: String = backends
-            .iter()
-            .map(|b| cell(round_ratios(ms, b, Coll::AllReduce, Some(dtype), false, Some(*bytes))))
-            .collect();
+        let cells: String = backends.iter().map(|b| cell(b, Row::Size(dtype, *bytes))).collect();
         let _ = writeln!(o, "  {:<7} {:>9} {cells}", dtype, human_size(*bytes));
     }
     for (small_kind, coll) in
         [("1-element AllReduce p50", Coll::AllReduce), ("Barrier p50", Coll::Barrier)]
     {
-        let cells: String =
-            backends.iter().map(|b| cell(round_ratios(ms, b, coll, None, true, None))).collect();
+        let cells: String = backends.iter().map(|b| cell(b, Row::Small(coll))).collect();
         let _ = writeln!(o, "  {:<17} {cells}", small_kind);
     }
 }
@@ -329,41 +347,20 @@ pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &R
     sizes.dedup();
     let _ =
         writeln!(o, "== INC time / MPI time, AllReduce (median over iterations; < 1: INC faster)");
-    let _ = writeln!(
-        o,
-        "# {:<7} {:>9} {}",
-        "type",
-        "size",
-        ok_backends.iter().map(|b| format!("{:>12}", b)).collect::<String>()
-    );
-    let ratio_cell = |r: Option<f64>| r.map_or(format!("{:>12}", "-"), |v| format!("{v:>12.2}"));
-    for (dtype, bytes) in &sizes {
-        let mpi = find(rows, "mpi", dtype, *bytes, false);
-        let cells: String = ok_backends
-            .iter()
-            .map(|b| {
-                ratio_cell(
-                    find(rows, b, dtype, *bytes, false)
-                        .zip(mpi)
-                        .map(|(i, m)| i.median_us / m.median_us),
-                )
-            })
-            .collect();
-        let _ = writeln!(o, "  {:<7} {:>9} {cells}", dtype, human_size(*bytes));
-    }
-    for (small_kind, coll) in
-        [("1-element AllReduce p50", Coll::AllReduce), ("Barrier p50", Coll::Barrier)]
-    {
-        let get = |s: &str| {
-            rows.iter()
-                .find(|r| r.system == s && r.small && r.collective == coll && r.status == "ok")
+    let small = |system: &str, coll: Coll| {
+        rows.iter()
+            .find(|r| r.system == system && r.small && r.collective == coll && r.status == "ok")
+    };
+    ratio_table(&mut o, &ok_backends, &sizes, 12, |b, row| {
+        let (inc, mpi) = match row {
+            Row::Size(dtype, bytes) => {
+                (find(rows, b, dtype, bytes, false), find(rows, "mpi", dtype, bytes, false))
+            }
+            Row::Small(coll) => (small(b, coll), small("mpi", coll)),
         };
-        let cells: String = ok_backends
-            .iter()
-            .map(|b| ratio_cell(get(b).zip(get("mpi")).map(|(i, m)| i.median_us / m.median_us)))
-            .collect();
-        let _ = writeln!(o, "  {:<17} {cells}", small_kind);
-    }
+        let ratio = inc.zip(mpi).map(|(i, m)| i.median_us / m.median_us);
+        ratio.map_or(format!("{:>12}", "-"), |v| format!("{v:>12.2}"))
+    });
     if rounds_of(&res.measurements) > 1 {
         per_round_ratios(&mut o, &res.measurements, &ok_backends, &sizes);
     }
