@@ -76,6 +76,12 @@ pub struct Args {
     /// Extra arguments for every `inc-switch run` (whitespace separated).
     #[arg(long, env = "INC_SWITCH_ARGS", default_value = "")]
     pub switch_args: String,
+    /// TX checksum offload on the hosts' veths (`on`: as the kernel creates them; `off`:
+    /// what `INC_HOST_TX_OFFLOAD=off scripts/netns-up` sets). It changes both sides:
+    /// with it, MPI's TCP segments and INCCL's UDP GSO sends towards an af_packet
+    /// switch cross the veths whole; without, the hosts' kernels cut and checksum them.
+    #[arg(long, env = "INC_HOST_TX_OFFLOAD", default_value = "on", value_parser = ["on", "off"])]
+    pub host_tx_offload: String,
     /// Record a `perf` profile of the switch process and of rank 0 during this message size
     /// (first backend, first round), e.g. 64M.
     #[arg(long)]

@@ -121,10 +121,20 @@ pub struct Netns {
 
 impl Netns {
     /// `scripts/netns-up TOPOLOGY --prefix P`, log in `log`.
-    pub fn up(root: &Path, topology: &Path, prefix: &str, log: &Path) -> anyhow::Result<Netns> {
+    /// `host_tx_offload`: `INC_HOST_TX_OFFLOAD` for the script (`on` or `off`).
+    pub fn up(
+        root: &Path,
+        topology: &Path,
+        prefix: &str,
+        host_tx_offload: &str,
+        log: &Path,
+    ) -> anyhow::Result<Netns> {
         let guard = Netns { root: root.to_path_buf(), prefix: prefix.to_string() };
         run_quiet(
-            Command::new(root.join("scripts/netns-up")).arg(topology).args(["--prefix", prefix]),
+            Command::new(root.join("scripts/netns-up"))
+                .arg(topology)
+                .args(["--prefix", prefix])
+                .env("INC_HOST_TX_OFFLOAD", host_tx_offload),
             log,
         )
         .context("scripts/netns-up failed")?;

@@ -433,7 +433,9 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         ctx.res.machine,
         out.display()
     ));
-    let netns = Netns::up(&root, &topology, &prefix, &logs.join("netns-up.log"))?;
+    let offload = &args.host_tx_offload;
+    let netns = Netns::up(&root, &topology, &prefix, offload, &logs.join("netns-up.log"))?;
+    ctx.res.notes.push(format!("hosts' veths: TX checksum offload {offload} (--host-tx-offload)"));
     let mpi = if cfg.refs {
         match Mpi::prepare(&plan, &ctx.prefix, &out.join("mpi")) {
             Ok(m) => Some(m),

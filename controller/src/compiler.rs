@@ -467,6 +467,8 @@ fn compile_inner(
                 mtu,
                 window,
                 gid: ipv4_gid(port.addr.ip),
+                // What the switch registered, filled in by the service.
+                switch_takes_gso: false,
             });
         }
         let fan_in = conns.len() - usize::from(parent.is_some());

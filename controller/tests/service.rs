@@ -93,8 +93,10 @@ struct FakeSwitch {
 
 impl FakeSwitch {
     fn start(addr: SocketAddr, id: u32, ports: &[&str], behaviour: Behaviour) -> FakeSwitch {
-        let ports: Vec<PortInfo> =
-            ports.iter().map(|p| PortInfo { name: p.to_string(), ip: None, mac: None }).collect();
+        let ports: Vec<PortInfo> = ports
+            .iter()
+            .map(|p| PortInfo { name: p.to_string(), ip: None, mac: None, takes_gso: false })
+            .collect();
         // A switch that just disconnected stays registered until the controller sees
         // the close: retry while the old connection is still known (no takeover).
         let deadline = Instant::now() + T;
@@ -251,7 +253,7 @@ fn controller_end_to_end() {
     );
     let err = SwitchSession::connect(addr, 1, Some("wrong".into()), vec![], T).unwrap_err();
     assert!(matches!(&err, ClientError::Rejected(r) if r.contains("authentication")), "{err}");
-    let bad_port = vec![PortInfo { name: "eth7".into(), ip: None, mac: None }];
+    let bad_port = vec![PortInfo { name: "eth7".into(), ip: None, mac: None, takes_gso: false }];
     let err = SwitchSession::connect(addr, 1, Some(SWITCH_TOKEN.into()), bad_port, T).unwrap_err();
     assert!(matches!(&err, ClientError::Rejected(r) if r.contains("no port `eth7`")), "{err}");
 

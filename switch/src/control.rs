@@ -177,7 +177,7 @@ mod tests {
         let infos = plan
             .ports
             .iter()
-            .map(|p| PortInfo { name: p.port.clone(), ip: p.ip, mac: p.mac })
+            .map(|p| PortInfo { name: p.port.clone(), ip: p.ip, mac: p.mac, takes_gso: false })
             .collect();
         let switch = LogicalSwitch {
             id: plan.id,

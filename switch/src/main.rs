@@ -52,7 +52,8 @@ enum Cmd {
     Stats {
         /// Address given to --stats-listen.
         addr: String,
-        /// One line for scripts instead: `uptime_s=.. rx_frames=.. tx_frames=..` (all switches).
+        /// One line for scripts instead: `uptime_s=.. rx_frames=.. tx_frames=.. rx_gso_frames=..`
+        /// (all switches; the last: UDP GSO frames received whole and split into rx_frames).
         #[arg(long)]
         summary: bool,
     },
@@ -222,8 +223,14 @@ fn main() -> anyhow::Result<()> {
             let v = stats::fetch(&addr)?;
             if summary {
                 let l = &v["loop"];
+                let ports = v["switches"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|s| s["ports"].as_array().into_iter().flatten());
+                let gso: u64 = ports.filter_map(|p| p["io"]["rx_gso_frames"].as_u64()).sum();
                 println!(
-                    "uptime_s={} rx_frames={} tx_frames={}",
+                    "uptime_s={} rx_frames={} tx_frames={} rx_gso_frames={gso}",
                     v["uptime_s"], l["rx_frames"], l["tx_frames"]
                 );
             } else {
@@ -280,6 +287,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 tx_batch: args.tx_batch,
                 promiscuous: !args.no_promisc,
                 gso_links: wire_links_in_process(&plans, topology.as_ref(), &groups, &shared),
+                host_ports: spec::host_facing_ports(&plans, topology.as_ref()),
                 ..AfPacketConfig::default()
             };
             let open = |s: &[PortSpec]| AfPacketBackend::open(s, cfg.clone());

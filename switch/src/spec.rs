@@ -183,6 +183,21 @@ pub fn resolve(
     Ok(plans)
 }
 
+/// The interface of every port of `plans` that a host of `topology` is attached to
+/// (see `AfPacketConfig::host_ports`).
+pub fn host_facing_ports(plans: &[SwitchPlan], topology: Option<&Topology>) -> Vec<PortSpec> {
+    let Some(t) = topology else { return Vec::new() };
+    t.hosts
+        .iter()
+        .filter_map(|h| {
+            let sw = t.switches.get(h.attach.switch)?;
+            let port = sw.ports.get(h.attach.port)?;
+            let plan = plans.iter().find(|p| p.name == sw.name)?;
+            plan.ports.iter().find(|p| p.port == port.name).map(|p| p.iface.clone())
+        })
+        .collect()
+}
+
 /// The two interfaces of every link (in `topology`) that joins two switches of `plans`,
 /// i.e. both ends are served by this process (see `--internal-links` and
 /// `AfPacketConfig::gso_links`).

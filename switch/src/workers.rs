@@ -95,7 +95,8 @@ fn build<B: Backend>(
             let mac = p.mac.unwrap_or(EthernetAddress(desc.mac));
             let Some(ip) = p.ip else { bail!("port {}:{} has no address", plan.name, p.port) };
             ports.push(PortConfig { name: p.port.clone(), ip, mac });
-            infos.push(PortInfo { name: p.port.clone(), ip: Some(ip), mac: Some(mac) });
+            let takes_gso = backend.takes_gso_frames(base + lp);
+            infos.push(PortInfo { name: p.port.clone(), ip: Some(ip), mac: Some(mac), takes_gso });
             info!(switch = %plan.name, port = %p.port, iface = %p.iface, %ip, %mac, "port");
         }
         let engine = SwitchEngine::new(SwitchEngineConfig {

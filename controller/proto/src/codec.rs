@@ -259,7 +259,12 @@ mod tests {
                 Message::RegisterSwitch {
                     switch_id: 3,
                     token: Some("t".into()),
-                    ports: vec![PortInfo { name: "p0".into(), ip: None, mac: None }],
+                    ports: vec![PortInfo {
+                        name: "p0".into(),
+                        ip: None,
+                        mac: None,
+                        takes_gso: false,
+                    }],
                 },
             ),
             Envelope::new(

@@ -173,6 +173,11 @@ pub struct HostEndpoint {
     pub window: u32,
     /// Switch GID: IPv4-mapped switch IP.
     pub gid: [u8; 16],
+    /// The switch port takes whole UDP GSO frames ([`PortInfo::takes_gso`] of the
+    /// port as the switch registered it): a host on a veth with transmit checksum
+    /// offload may send runs of datagrams as one GSO frame.
+    #[serde(default)]
+    pub switch_takes_gso: bool,
 }
 
 /// A data-plane port as a switch sees it when registering.
@@ -186,4 +191,9 @@ pub struct PortInfo {
     /// MAC of the interface, if known.
     #[serde(default)]
     pub mac: Option<EthernetAddress>,
+    /// The switch splits UDP GSO frames that arrive on this port whole, so a host
+    /// behind it may send runs of datagrams as one GSO frame without having its
+    /// kernel cut them first (see [`HostEndpoint::switch_takes_gso`]).
+    #[serde(default)]
+    pub takes_gso: bool,
 }

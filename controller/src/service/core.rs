@@ -98,6 +98,8 @@ pub struct Core {
     per_ip: HashMap<IpAddr, usize>,
     /// Registered switches by topology id.
     pub(super) switches: HashMap<u32, ConnId>,
+    /// Ports of each switch, as last registered, that take whole UDP GSO frames.
+    pub(super) gso_ports: HashMap<u32, BTreeSet<String>>,
     pub(super) groups: BTreeMap<u64, Group>,
     pub(super) comms: BTreeMap<u32, Comm>,
     pub(super) alloc: Allocator,
@@ -121,6 +123,7 @@ impl Core {
             conns: HashMap::new(),
             per_ip: HashMap::new(),
             switches: HashMap::new(),
+            gso_ports: HashMap::new(),
             groups: BTreeMap::new(),
             comms: BTreeMap::new(),
             alloc: Allocator::new(),

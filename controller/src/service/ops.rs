@@ -163,10 +163,12 @@ impl Core {
                 root_switch = c.compiled.root_switch,
                 "communicator installed"
             );
-            return Message::CommunicatorCreated {
-                comm_id,
-                endpoints: c.compiled.endpoints.clone(),
-            };
+            let mut endpoints = c.compiled.endpoints.clone();
+            for e in &mut endpoints {
+                e.switch_takes_gso =
+                    self.gso_ports.get(&e.switch_id).is_some_and(|p| p.contains(&e.switch_port));
+            }
+            return Message::CommunicatorCreated { comm_id, endpoints };
         }
         let Some(c) = self.comms.remove(&comm_id) else {
             // The destroy already told every involved switch to remove the rules, after

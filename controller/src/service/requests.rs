@@ -184,6 +184,8 @@ impl Core {
             return refuse(self, reason);
         }
         self.switches.insert(switch_id, conn);
+        let gso = ports.iter().filter(|p| p.takes_gso).map(|p| p.name.clone()).collect();
+        self.gso_ports.insert(switch_id, gso);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.standing = Standing::Switch(switch_id);
             c.auth_deadline = None;

@@ -45,8 +45,11 @@ fn replies(core: &mut Core, conn: u64) -> (Vec<Envelope>, bool) {
 }
 
 fn register_switch(core: &mut Core, conn: u64, now: Instant) {
+    register_switch_with(core, conn, now, Vec::new());
+}
+
+fn register_switch_with(core: &mut Core, conn: u64, now: Instant, ports: Vec<PortInfo>) {
     core.open(conn, peer(2), now);
-    let ports: Vec<PortInfo> = Vec::new();
     let msg = Message::RegisterSwitch { switch_id: 0, token: Some(SWITCH.into()), ports };
     core.receive(conn, &frame(1, msg), now);
     let (r, closed) = replies(core, conn);
@@ -126,7 +129,11 @@ fn create_waits_for_the_switch_and_times_out_cleanly() {
 #[test]
 fn an_acknowledged_install_answers_the_host() {
     let (mut core, t0) = core();
-    register_switch(&mut core, 1, t0);
+    // Port h1 takes whole GSO frames (an AF_PACKET switch on a veth): only the rank
+    // behind it hears so.
+    let port =
+        |name: &str, takes_gso| PortInfo { name: name.into(), ip: None, mac: None, takes_gso };
+    register_switch_with(&mut core, 1, t0, vec![port("h0", false), port("h1", true)]);
     let hosts: Vec<_> = core.config().topology.hosts.iter().map(|h| h.addr.ip).collect();
     core.open(2, peer(3), t0);
     core.receive(2, &frame(1, Message::Hello { token: Some(HOST.into()) }), t0);
@@ -153,7 +160,10 @@ fn an_acknowledged_install_answers_the_host() {
     core.take_outputs();
     core.receive(1, &frame(push.id, Message::Ack), t0);
     let (r, _) = replies(&mut core, 2);
-    assert!(matches!(r[0].body, Message::CommunicatorCreated { .. }), "{r:?}");
+    let Message::CommunicatorCreated { endpoints, .. } = &r[0].body else { panic!("{r:?}") };
+    let gso: Vec<_> =
+        endpoints.iter().map(|e| (e.switch_port.as_str(), e.switch_takes_gso)).collect();
+    assert_eq!(gso, [("h0", false), ("h1", true), ("h2", false), ("h3", false)]);
     assert_eq!(core.status().communicators.len(), 1);
 }
 

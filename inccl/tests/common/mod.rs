@@ -102,7 +102,12 @@ impl Fabric {
             let ports: Vec<PortInfo> = sw
                 .ports
                 .iter()
-                .map(|p| PortInfo { name: p.name.clone(), ip: Some(p.addr.ip), mac: Some(p.mac) })
+                .map(|p| PortInfo {
+                    name: p.name.clone(),
+                    ip: Some(p.addr.ip),
+                    mac: Some(p.mac),
+                    takes_gso: false,
+                })
                 .collect();
             let (id, addr, stop, tx) =
                 (sw.id, controller_addr.clone(), stop.clone(), push_tx.clone());

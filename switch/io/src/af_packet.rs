@@ -69,6 +69,11 @@ pub struct AfPacketConfig {
     /// and split. Any other peer (another process, another backend) would get frames
     /// it cannot read, so only ports listed here send GSO frames towards switches.
     pub gso_links: Vec<PortSpec>,
+    /// Ports that face hosts (from the topology). On a veth their receive rings take
+    /// whole UDP GSO frames (like [`Self::gso_links`]) and the port says so
+    /// ([`Backend::takes_gso_frames`]), so that a host whose own kernel would
+    /// otherwise cut its GSO sends into datagrams can hand them over whole.
+    pub host_ports: Vec<PortSpec>,
 }
 
 impl Default for AfPacketConfig {
@@ -82,6 +87,7 @@ impl Default for AfPacketConfig {
             max_frame: 9216,
             promiscuous: true,
             gso_links: Vec::new(),
+            host_ports: Vec::new(),
         }
     }
 }
@@ -145,6 +151,9 @@ struct PortSock {
     host_port: bool,
     /// The port's peer is a port of this backend ([`AfPacketConfig::gso_links`]).
     gso_link: bool,
+    /// The receive ring takes whole GSO frames from a host on a veth
+    /// ([`AfPacketConfig::host_ports`]).
+    takes_gso_frames: bool,
     /// The kernel refused a GSO frame on this socket: no more of them.
     gso_refused: bool,
 }
@@ -187,6 +196,14 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
         .inspect_err(|e| debug!(iface = %spec, error = %e, "ETHTOOL_GTXCSUM failed"))
         .unwrap_or(false);
     let gso_link = cfg.ring == RxRing::V2 && cfg.gso_links.contains(spec);
+    // Only a veth: what reaches it was cut (if at all) by this machine's kernel, which
+    // numbers segments as the host stamped their ICRCs; a NIC's segmentation is not
+    // ours to predict.
+    let gso_from_host = cfg.ring == RxRing::V2
+        && cfg.host_ports.contains(spec)
+        && sys::if_driver(raw, &spec.ifname)
+            .inspect_err(|e| debug!(iface = %spec, error = %e, "ETHTOOL_GDRVINFO failed"))
+            .is_ok_and(|d| d == "veth");
 
     let (version, req) = match cfg.ring {
         RxRing::V3 => {
@@ -208,7 +225,7 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
                 TPACKET2_HDR_ALIGNED + std::mem::size_of::<libc::sockaddr_ll>() + 16 + VNET_HDR_LEN;
             // A GSO link's slots hold a whole GSO frame (up to 64 KiB of UDP payload);
             // half as many of them, as each usually holds several frames.
-            let (frame, slots) = if gso_link {
+            let (frame, slots) = if gso_link || gso_from_host {
                 (inc_wire::gso::MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.block_count * 2)
             } else {
                 (mtu.unwrap_or(1500) as usize + 14, cfg.block_count * 4)
@@ -322,6 +339,7 @@ fn open_port(spec: &PortSpec, cfg: &AfPacketConfig) -> Result<(PortSock, PortDes
         whole_gso_frames,
         host_port: false,
         gso_link: gso_link && vnet,
+        takes_gso_frames: gso_from_host && vnet,
         gso_refused: false,
     };
     Ok((sock, desc))
@@ -372,7 +390,10 @@ fn deliver(
     // which nothing else reads or writes until it is handed back to the kernel.
     let frame = unsafe { std::slice::from_raw_parts_mut(ring.base.add(hdr + mac), snap as usize) };
     match vnet.filter(|v| v.gso_type == VIRTIO_NET_HDR_GSO_UDP_L4 && v.gso_size > 0) {
-        Some(v) if is_plain_udp(frame) => split_gso_frame(frame, v.gso_size.into(), port, c, sink),
+        Some(v) if is_plain_udp(frame) => {
+            c.rx_gso_frames += 1;
+            split_gso_frame(frame, v.gso_size.into(), port, c, sink)
+        }
         _ => {
             c.rx_packets += 1;
             c.rx_bytes += u64::from(snap);
@@ -784,6 +805,10 @@ impl Backend for AfPacketBackend {
         if let Some(s) = self.socks.get_mut(port) {
             s.host_port = true;
         }
+    }
+
+    fn takes_gso_frames(&self, port: usize) -> bool {
+        self.socks.get(port).is_some_and(|s| s.takes_gso_frames)
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {

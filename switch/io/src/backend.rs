@@ -110,6 +110,9 @@ pub struct PortCounters {
     pub rx_dropped: u64,
     /// Frames dropped because they did not fit a receive buffer (AF_PACKET: block size).
     pub rx_truncated: u64,
+    /// UDP GSO frames received whole and split into the datagrams counted in
+    /// `rx_packets`.
+    pub rx_gso_frames: u64,
     /// Frames sent.
     pub tx_packets: u64,
     /// Bytes sent.
@@ -206,6 +209,14 @@ pub trait Backend: Send + fmt::Debug {
     /// kernel as one UDP GSO frame, which the host's kernel cuts into the datagrams
     /// again. Never called for ports towards switches, whose backends read raw frames.
     fn set_host_port(&mut self, _port: usize) {}
+
+    /// A host may send runs of datagrams to this port as one UDP GSO frame, cut by
+    /// nobody on the way: the backend splits it into the datagrams (counted in
+    /// [`PortCounters::rx_gso_frames`]). Reported to the controller, which tells the
+    /// hosts behind the port. False unless a backend knows better.
+    fn takes_gso_frames(&self, _port: usize) -> bool {
+        false
+    }
 
     /// Every frame [`Backend::recv_batch`] hands over from `port` was built by this
     /// process and never left its memory (an in-process link, see

@@ -208,6 +208,10 @@ impl<B: Backend> Backend for InProcessLinks<B> {
         self.inner.set_host_port(port);
     }
 
+    fn takes_gso_frames(&self, port: usize) -> bool {
+        peer_of(&self.peer, port).is_none() && self.inner.takes_gso_frames(port)
+    }
+
     fn rx_intact(&self, port: usize) -> bool {
         peer_of(&self.peer, port).is_some()
     }

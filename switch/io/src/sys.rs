@@ -291,6 +291,40 @@ pub(crate) fn if_tx_checksum_offload(fd: RawFd, ifname: &str) -> io::Result<bool
     Ok(value.data != 0)
 }
 
+/// `ETHTOOL_GDRVINFO`: the interface's driver name (`veth`, `mlx5_core`, ...).
+pub(crate) fn if_driver(fd: RawFd, ifname: &str) -> io::Result<String> {
+    /// `struct ethtool_drvinfo`.
+    #[repr(C)]
+    struct EthtoolDrvinfo {
+        cmd: u32,
+        driver: [u8; 32],
+        version: [u8; 32],
+        fw_version: [u8; 32],
+        bus_info: [u8; 32],
+        erom_version: [u8; 32],
+        reserved2: [u8; 12],
+        n_priv_flags: u32,
+        n_stats: u32,
+        testinfo_len: u32,
+        eedump_len: u32,
+        regdump_len: u32,
+    }
+    const ETHTOOL_GDRVINFO: u32 = 0x03;
+    // Safety: ethtool_drvinfo is plain old data; all-zero is a valid value.
+    let mut info: EthtoolDrvinfo = unsafe { std::mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    let mut req = ifreq(ifname);
+    req.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
+    // Safety: SIOCETHTOOL reads the name and the data pointer inside `req`; the pointer
+    // is to `info`, a live `ethtool_drvinfo` that ETHTOOL_GDRVINFO fills.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL as _, &mut req) };
+    if rc < 0 {
+        return Err(last());
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
 /// `setsockopt` with a plain-data value.
 pub(crate) fn setsockopt<T: Copy>(fd: RawFd, level: i32, name: i32, val: &T) -> io::Result<()> {
     // Safety: `val` points to a live `T` of the size passed.

@@ -183,3 +183,73 @@ fn cpu_ticks() -> u64 {
     let f: Vec<&str> = rest.split_whitespace().collect();
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
+
+/// A host on a veth with transmit checksum offload (the kernel's default) hands a UDP
+/// GSO send to the link whole; a host-facing port says it takes such frames, splits
+/// one into the datagrams sent (IPv4 IDs first + k, what the sender stamped ICRCs for)
+/// and counts it. A port not listed as host-facing does not claim to.
+#[test]
+fn a_host_facing_veth_port_splits_a_whole_gso_send_into_its_datagrams() {
+    let Some(ns) = setup("h") else { return };
+    let pb = ns.port(1);
+    let host_facing = AfPacketConfig { host_ports: vec![pb.clone()], ..AfPacketConfig::default() };
+    let mut b = AfPacketBackend::open(std::slice::from_ref(&pb), host_facing).unwrap();
+    assert!(b.takes_gso_frames(0), "a veth listed in host_ports takes whole GSO frames");
+    let plain = AfPacketBackend::open(&[pb], AfPacketConfig::default()).unwrap();
+    assert!(!plain.takes_gso_frames(0));
+    drop(plain);
+
+    let mac_b = b.ports()[0].mac;
+    let mac_b = mac_b.map(|x| format!("{x:02x}")).join(":");
+    let a = &ns.names[0];
+    assert!(ip(&["-n", a, "addr", "add", "10.99.0.1/24", "dev", "a0"]));
+    assert!(ip(&[
+        "-n",
+        a,
+        "neigh",
+        "add",
+        "10.99.0.2",
+        "lladdr",
+        &mac_b,
+        "dev",
+        "a0",
+        "nud",
+        "permanent"
+    ]));
+    // Three datagrams of 1000 bytes (the last 500) in one send: UDP_SEGMENT (103).
+    let send = "import socket\n\
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+        s.setsockopt(socket.IPPROTO_UDP, 103, 1000)\n\
+        s.sendto(bytes(k // 1000 + 1 for k in range(2500)), ('10.99.0.2', 4791))\n";
+    let ok = std::process::Command::new("ip")
+        .args(["netns", "exec", a, "python3", "-c", send])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "GSO send from {a}");
+
+    let mut got: Vec<(u16, usize, u8)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < 3 && Instant::now() < deadline {
+        b.wait(Some(Duration::from_millis(50))).unwrap();
+        b.recv_batch(64, &mut |_, f| {
+            let udp = f.len() >= 42 && f[12..14] == [0x08, 0x00] && f[23] == 17;
+            if udp && f[36..38] == 4791u16.to_be_bytes() {
+                let ident = u16::from_be_bytes([f[18], f[19]]);
+                let ip_len = usize::from(u16::from_be_bytes([f[16], f[17]]));
+                assert_eq!(ip_len, f.len() - 14, "IPv4 total length of a segment");
+                assert_eq!(inc_wire::ipv4::internet_checksum(&f[14..34]), 0, "IPv4 checksum");
+                got.push((ident, f.len() - 42, f[42]));
+            }
+        })
+        .unwrap();
+    }
+    let base = got.first().map_or(0, |g| g.0);
+    let want: Vec<_> = [(1000, 1), (1000, 2), (500, 3)]
+        .iter()
+        .enumerate()
+        .map(|(k, &(len, first))| (base.wrapping_add(k as u16), len, first))
+        .collect();
+    assert_eq!(got, want, "segments (IPv4 ID, UDP payload length, first byte)");
+    let c = b.port_counters(0);
+    assert_eq!((c.rx_gso_frames, c.rx_truncated), (1, 0), "{c:?}");
+}

@@ -554,29 +554,57 @@ pub(crate) struct UdpTransport {
     op_timeout: Duration,
     comm_id: u32,
     switch_id: u32,
-    /// Send through UDP GSO (decided at open, see [`gso_is_safe`]).
-    gso: bool,
+    /// Where UDP GSO sends would be cut (found at open, used at connect).
+    gso: GsoPath,
     /// [`CommConfig::busy_poll`].
     busy_poll: Duration,
 }
 
-/// Whether UDP GSO sends on `dp` reach the switch as the datagrams the ICRCs were
-/// stamped for: the kernel must cut them itself, giving segment `i` IPv4 ID `i`. It
-/// does when the interface has no transmit checksum offload (what `scripts/netns-up`
-/// and the container entrypoint set on hosts' veths); with the offload a veth would
-/// hand the whole send to the switch as one frame, and a NIC's segmentation is not
-/// ours to predict, so those get one datagram per send.
-fn gso_is_safe(dp: &DataPlane, sock: &UdpSocket) -> bool {
-    let name = dp.iface.clone().or_else(|| {
-        crate::iface::interfaces()
-            .ok()?
-            .into_iter()
-            .find(|(_, i)| i.ipv4.contains(&dp.ip))
-            .map(|(name, _)| name)
-    });
-    let offload = name.as_deref().and_then(|n| sys::tx_checksum_offload(sock.as_fd(), n));
-    debug!(iface = ?name, tx_checksum_offload = ?offload, "UDP GSO {}", if offload == Some(false) { "on" } else { "off" });
-    offload == Some(false)
+/// How a run of frames may leave for the switch as one UDP GSO send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GsoPath {
+    /// The interface has no transmit checksum offload, so this machine's kernel cuts
+    /// a GSO send into datagrams before the driver, giving segment `i` IPv4 ID `i`
+    /// (what `scripts/netns-up` and the container entrypoint set on hosts' veths).
+    KernelCuts,
+    /// A veth with the offload: a GSO send reaches the other end whole, and is usable
+    /// only if the switch port splits it itself ([`HostEndpoint::switch_takes_gso`]).
+    WholeOverVeth,
+    /// Anything else (a NIC's segmentation is not ours to predict, or unknown): one
+    /// datagram per send.
+    None,
+}
+
+impl GsoPath {
+    fn of(dp: &DataPlane, sock: &UdpSocket) -> GsoPath {
+        let name = dp.iface.clone().or_else(|| {
+            crate::iface::interfaces()
+                .ok()?
+                .into_iter()
+                .find(|(_, i)| i.ipv4.contains(&dp.ip))
+                .map(|(name, _)| name)
+        });
+        let Some(name) = name else { return GsoPath::None };
+        let path = match sys::tx_checksum_offload(sock.as_fd(), &name) {
+            Some(false) => GsoPath::KernelCuts,
+            Some(true) if sys::driver(sock.as_fd(), &name).as_deref() == Some("veth") => {
+                GsoPath::WholeOverVeth
+            }
+            _ => GsoPath::None,
+        };
+        debug!(iface = %name, ?path, "UDP GSO path");
+        path
+    }
+
+    /// Whether GSO sends reach a switch port that does (`takes_whole`) or does not
+    /// split whole GSO frames as the datagrams their ICRCs were stamped for.
+    fn usable(self, switch_takes_whole: bool) -> bool {
+        match self {
+            GsoPath::KernelCuts => true,
+            GsoPath::WholeOverVeth => switch_takes_whole,
+            GsoPath::None => false,
+        }
+    }
 }
 
 impl UdpTransport {
@@ -587,7 +615,7 @@ impl UdpTransport {
         let qp = port.attach(|| random_qpn_psn().0).map_err(|e| Error::io(ctx(), e))?;
         let (qpn, start_psn) = (qp.qpn(), random_qpn_psn().1);
         let local = port.local_addr();
-        let gso = cfg.udp_gso && gso_is_safe(dp, port.socket());
+        let gso = if cfg.udp_gso { GsoPath::of(dp, port.socket()) } else { GsoPath::None };
         debug!(rank, %local, qpn, start_psn, "userspace RoCEv2 QP created");
         Ok(UdpTransport {
             qp: Some(qp),
@@ -653,7 +681,9 @@ impl Transport for UdpTransport {
         let sock = qp.port().socket().clone();
         let inbox = qp.inbox_handle();
         let mut io = RoceSocket::on(sock.clone(), self.local, self.mac);
-        io.set_gso(self.gso);
+        let gso = self.gso.usable(ep.switch_takes_gso);
+        debug!(rank = self.rank, path = ?self.gso, switch_takes_gso = ep.switch_takes_gso, gso, "UDP GSO sends");
+        io.set_gso(gso);
         let core = Arc::new(Mutex::new(Core {
             io,
             qp,
@@ -863,6 +893,17 @@ mod tests {
         let size = gso_segment_size(lens).expect("two full frames");
         let n = gso_runs(lens, size, &mut runs);
         runs[..n].to_vec()
+    }
+
+    #[test]
+    fn gso_sends_only_where_they_arrive_as_the_datagrams_stamped() {
+        use GsoPath::*;
+        for takes_whole in [false, true] {
+            assert!(KernelCuts.usable(takes_whole), "this kernel cuts: any switch");
+            assert!(!GsoPath::None.usable(takes_whole), "unknown path: never");
+        }
+        assert!(WholeOverVeth.usable(true));
+        assert!(!WholeOverVeth.usable(false), "a whole frame to a switch that cannot split it");
     }
 
     #[test]

@@ -108,23 +108,64 @@ pub(crate) fn tx_checksum_offload(fd: BorrowedFd<'_>, iface: &str) -> Option<boo
         data: u32,
     }
     const ETHTOOL_GTXCSUM: u32 = 0x16;
+    let mut value = EthtoolValue { cmd: ETHTOOL_GTXCSUM, data: 0 };
+    // Safety: `value` is the `ethtool_value` that ETHTOOL_GTXCSUM reads and writes.
+    unsafe { ethtool(fd, iface, &mut value) }.then_some(value.data != 0)
+}
+
+/// The driver of `iface` (`veth`, `mlx5_core`, ...), or `None` if the kernel does not
+/// say.
+pub(crate) fn driver(fd: BorrowedFd<'_>, iface: &str) -> Option<String> {
+    /// `struct ethtool_drvinfo`.
+    #[repr(C)]
+    struct EthtoolDrvinfo {
+        cmd: u32,
+        driver: [u8; 32],
+        version: [u8; 32],
+        fw_version: [u8; 32],
+        bus_info: [u8; 32],
+        erom_version: [u8; 32],
+        reserved2: [u8; 12],
+        n_priv_flags: u32,
+        n_stats: u32,
+        testinfo_len: u32,
+        eedump_len: u32,
+        regdump_len: u32,
+    }
+    const ETHTOOL_GDRVINFO: u32 = 0x03;
+    // Safety: plain old data (integers and byte arrays); all zeroes is a valid value.
+    let mut info: EthtoolDrvinfo = unsafe { mem::zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    // Safety: `info` is the `ethtool_drvinfo` that ETHTOOL_GDRVINFO fills.
+    if !unsafe { ethtool(fd, iface, &mut info) } {
+        return None;
+    }
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
+    Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// `SIOCETHTOOL` on `iface` with `data` (whose first field is the command); false if
+/// the name does not fit or the kernel refuses.
+///
+/// # Safety
+/// `T` must be the structure the command in its first field reads and writes.
+unsafe fn ethtool<T>(fd: BorrowedFd<'_>, iface: &str, data: &mut T) -> bool {
     let name = iface.as_bytes();
     // Safety: `ifreq` is plain old data (byte arrays, integers and a pointer union);
     // all zeroes is a valid value.
     let mut ifr: libc::ifreq = unsafe { mem::zeroed() };
     if name.is_empty() || name.len() >= ifr.ifr_name.len() {
-        return None;
+        return false;
     }
     for (d, b) in ifr.ifr_name.iter_mut().zip(name) {
         *d = *b as libc::c_char;
     }
-    let mut value = EthtoolValue { cmd: ETHTOOL_GTXCSUM, data: 0 };
-    ifr.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    ifr.ifr_ifru.ifru_data = (data as *mut T).cast();
     // Safety: `fd` is an open socket for the borrow's lifetime; `ifr` is a live,
-    // NUL-terminated `ifreq` whose data pointer points at `value`, which outlives the
-    // call and is the `ethtool_value` that ETHTOOL_GTXCSUM reads and writes.
+    // NUL-terminated `ifreq` whose data pointer points at `data`, which outlives the
+    // call and is what the command expects (the caller's contract).
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
-    (r == 0).then_some(value.data != 0)
+    r == 0
 }
 
 /// Longest single wait. Callers re-check their deadlines after every wake-up, and the
@@ -310,6 +351,13 @@ mod tests {
         assert_eq!(tx_checksum_offload(sock.as_fd(), "no-such-if0"), None);
         assert_eq!(tx_checksum_offload(sock.as_fd(), ""), None);
         assert_eq!(tx_checksum_offload(sock.as_fd(), "an-interface-name-too-long"), None);
+    }
+
+    #[test]
+    fn driver_of_an_interface_that_does_not_exist_is_unknown() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert_eq!(driver(sock.as_fd(), "no-such-if0"), None);
+        assert_eq!(driver(sock.as_fd(), ""), None);
     }
 
     /// The shortest of 20 waits of `timeout` on a socket nothing is sent to.

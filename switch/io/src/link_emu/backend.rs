@@ -232,6 +232,10 @@ impl<B: Backend> Backend for LinkEmuBackend<B> {
         self.inner.set_host_port(port);
     }
 
+    fn takes_gso_frames(&self, port: usize) -> bool {
+        self.inner.takes_gso_frames(port)
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), IoError> {
         let timeout = match self.next_due() {
             None => timeout,
