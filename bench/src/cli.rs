@@ -76,12 +76,14 @@ pub struct Args {
     /// Extra arguments for every `inc-switch run` (whitespace separated).
     #[arg(long, env = "INC_SWITCH_ARGS", default_value = "")]
     pub switch_args: String,
-    /// TX checksum offload on the hosts' veths (`on`: as the kernel creates them; `off`:
-    /// what `INC_HOST_TX_OFFLOAD=off scripts/netns-up` sets). It changes both sides:
-    /// with it, MPI's TCP segments and INCCL's UDP GSO sends towards an af_packet
-    /// switch cross the veths whole; without, the hosts' kernels cut and checksum them.
-    #[arg(long, env = "INC_HOST_TX_OFFLOAD", default_value = "on", value_parser = ["on", "off"])]
-    pub host_tx_offload: String,
+    /// TX checksum offload on the hosts' veths while each system runs. With it, MPI's
+    /// TCP segments and INCCL's UDP GSO sends towards an af_packet switch cross the
+    /// veths whole; without, the hosts' kernels cut (and checksum) INCCL's GSO sends,
+    /// which the other backends need, as their hosts otherwise send datagram by
+    /// datagram. `auto`: each system at its best, i.e. on for af_packet and the
+    /// references (MPI), off for pcap, af_xdp and dpdk; `on` / `off`: for all.
+    #[arg(long, value_enum, default_value_t = HostTxOffload::Auto)]
+    pub host_tx_offload: HostTxOffload,
     /// Record a `perf` profile of the switch process and of rank 0 during this message size
     /// (first backend, first round), e.g. 64M.
     #[arg(long)]
@@ -160,6 +162,55 @@ pub struct Config {
     pub refs: bool,
     /// Size to profile.
     pub perf_size: Option<u64>,
+    /// Hosts' TX checksum offload per system.
+    pub host_tx_offload: HostTxOffload,
+}
+
+/// `--host-tx-offload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostTxOffload {
+    /// On for af_packet and the references, off for the other backends.
+    Auto,
+    /// On for every system.
+    On,
+    /// Off for every system.
+    Off,
+}
+
+impl HostTxOffload {
+    /// Whether the hosts' veths offload TX checksums while `system` (a backend, or
+    /// `mpi` for the references) runs.
+    pub fn wants(self, system: &str) -> bool {
+        match self {
+            HostTxOffload::On => true,
+            HostTxOffload::Off => false,
+            HostTxOffload::Auto => !matches!(system, "pcap" | "af_xdp" | "dpdk"),
+        }
+    }
+
+    /// For the notes: which systems ran with the offload.
+    pub fn describe(self, backends: &[String]) -> String {
+        let (on, off): (Vec<&str>, Vec<&str>) = backends
+            .iter()
+            .map(String::as_str)
+            .chain(["MPI"])
+            .partition(|b| self.wants(&b.to_lowercase()));
+        match (on.is_empty(), off.is_empty()) {
+            (_, true) => "on for every system".into(),
+            (true, _) => "off for every system".into(),
+            _ => format!("on for {}, off for {}", on.join(", "), off.join(", ")),
+        }
+    }
+}
+
+impl std::fmt::Display for HostTxOffload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostTxOffload::Auto => "auto",
+            HostTxOffload::On => "on",
+            HostTxOffload::Off => "off",
+        })
+    }
 }
 
 /// Parse `4`, `16K`, `64M`, `1G` (powers of 1024).
@@ -236,6 +287,7 @@ impl Config {
             iters: iters.max(1),
             warmup,
             cap: parse_size(&a.cap)?,
+            host_tx_offload: a.host_tx_offload,
             small_iters: small_iters.max(1),
             rounds: a.rounds.max(1),
             ref_seconds,
@@ -254,6 +306,19 @@ mod tests {
         let mut v = vec!["inc-bench"];
         v.extend_from_slice(extra);
         Config::from_args(&Args::try_parse_from(v).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn host_tx_offload_auto_gives_each_system_its_best() {
+        let all: Vec<String> =
+            ["af_packet", "pcap", "af_xdp", "dpdk"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            HostTxOffload::Auto.describe(&all),
+            "on for af_packet, MPI, off for pcap, af_xdp, dpdk"
+        );
+        assert!(HostTxOffload::Auto.wants("mpi"));
+        assert_eq!(HostTxOffload::On.describe(&all), "on for every system");
+        assert_eq!(HostTxOffload::Off.describe(&all[..1]), "off for every system");
     }
 
     #[test]

@@ -121,20 +121,14 @@ pub struct Netns {
 
 impl Netns {
     /// `scripts/netns-up TOPOLOGY --prefix P`, log in `log`.
-    /// `host_tx_offload`: `INC_HOST_TX_OFFLOAD` for the script (`on` or `off`).
-    pub fn up(
-        root: &Path,
-        topology: &Path,
-        prefix: &str,
-        host_tx_offload: &str,
-        log: &Path,
-    ) -> anyhow::Result<Netns> {
+    /// With the hosts' veths as the kernel makes them (TX checksum offload on).
+    pub fn up(root: &Path, topology: &Path, prefix: &str, log: &Path) -> anyhow::Result<Netns> {
         let guard = Netns { root: root.to_path_buf(), prefix: prefix.to_string() };
         run_quiet(
             Command::new(root.join("scripts/netns-up"))
                 .arg(topology)
                 .args(["--prefix", prefix])
-                .env("INC_HOST_TX_OFFLOAD", host_tx_offload),
+                .env("INC_HOST_TX_OFFLOAD", "on"),
             log,
         )
         .context("scripts/netns-up failed")?;
@@ -148,6 +142,26 @@ impl Drop for Netns {
             .args(["--prefix", &self.prefix, "--kill"])
             .output();
     }
+}
+
+/// Turns TX checksum offload on the hosts' data interfaces on or off (`ethtool -K`).
+pub fn set_host_tx_offload(plan: &Plan, on: bool) -> anyhow::Result<()> {
+    for h in &plan.hosts {
+        let state = if on { "on" } else { "off" };
+        let out = Command::new("ip")
+            .args(["netns", "exec", &h.ns, "ethtool", "-K", &h.ifname, "tx", state])
+            .output()
+            .with_context(|| format!("running ethtool in {}", h.ns))?;
+        if !out.status.success() {
+            bail!(
+                "ethtool -K {} tx {state} in {} failed: {}",
+                h.ifname,
+                h.ns,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Interface counters.

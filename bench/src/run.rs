@@ -101,6 +101,8 @@ struct Ctx<'a> {
     master_port: u16,
     switch_args: String,
     prefix: String,
+    /// TX checksum offload on the hosts' veths right now.
+    host_tx_offload: bool,
 }
 
 impl Ctx<'_> {
@@ -110,7 +112,7 @@ impl Ctx<'_> {
         if self.pb.is_hidden() {
             eprintln!("{line}");
         } else {
-            self.say(line);
+            self.pb.println(line);
         }
     }
 
@@ -119,6 +121,16 @@ impl Ctx<'_> {
         self.say(live_line(&m));
         self.pb.inc(1);
         self.res.measurements.push(m);
+    }
+
+    /// Sets the hosts' veths up for `system` as `--host-tx-offload` says.
+    fn host_tx_offload_for(&mut self, system: &str) -> anyhow::Result<()> {
+        let on = self.cfg.host_tx_offload.wants(system);
+        if on != self.host_tx_offload {
+            crate::netns::set_host_tx_offload(self.plan, on)?;
+            self.host_tx_offload = on;
+        }
+        Ok(())
     }
 
     fn next_port(&mut self) -> u16 {
@@ -426,6 +438,8 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         master_port: 52300,
         switch_args: args.switch_args.clone(),
         prefix: prefix.clone(),
+        // What scripts/netns-up leaves.
+        host_tx_offload: true,
     };
     ctx.say(format!(
         "inc-bench: {} on {}; output in {}",
@@ -433,9 +447,12 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         ctx.res.machine,
         out.display()
     ));
-    let offload = &args.host_tx_offload;
-    let netns = Netns::up(&root, &topology, &prefix, offload, &logs.join("netns-up.log"))?;
-    ctx.res.notes.push(format!("hosts' veths: TX checksum offload {offload} (--host-tx-offload)"));
+    let netns = Netns::up(&root, &topology, &prefix, &logs.join("netns-up.log"))?;
+    ctx.res.notes.push(format!(
+        "hosts' veths: TX checksum offload {} (--host-tx-offload {})",
+        cfg.host_tx_offload.describe(&cfg.backends),
+        cfg.host_tx_offload
+    ));
     let mpi = if cfg.refs {
         match Mpi::prepare(&plan, &ctx.prefix, &out.join("mpi")) {
             Ok(m) => Some(m),
@@ -468,10 +485,12 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
                     }
                     continue;
                 }
+                ctx.host_tx_offload_for(b)?;
                 ctx.backend(b, round, first)?;
                 first = false;
             }
             if cfg.refs {
+                ctx.host_tx_offload_for("mpi")?;
                 match &mpi {
                     Some(m) => ctx.mpi(m, round, ring_bytes)?,
                     None => ctx.say("MPI reference skipped (see notes)"),
