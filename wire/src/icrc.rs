@@ -10,7 +10,9 @@
 /// Length of the ICRC trailer.
 pub const ICRC_LEN: usize = 4;
 
-const PSEUDO_LRH: [u8; 8] = [0xff; 8];
+/// CRC-32 of the 8 bytes of 0xFF that stand in for the LRH: every ICRC starts from it,
+/// so that prefix is never hashed.
+const PSEUDO_LRH_CRC: u32 = 0x2144_df1c;
 /// IPv4 (20) + UDP (8) + BTH (12): the bytes that get masked.
 const MASKED_LEN: usize = 40;
 /// Offsets (from the start of the IPv4 header) of the bytes replaced by 0xFF.
@@ -47,8 +49,7 @@ pub fn compute_parts(parts: &[&[u8]]) -> u32 {
             head[off] = 0xff;
         }
     }
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&PSEUDO_LRH);
+    let mut hasher = crc32fast::Hasher::new_with_initial(PSEUDO_LRH_CRC);
     hasher.update(&head[..filled]);
     // Second pass: the same split, now hashing what the header copy did not take.
     let mut skipped = 0;
@@ -302,6 +303,13 @@ pub fn write(icrc: u32, dst: &mut [u8; ICRC_LEN]) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    const PSEUDO_LRH: [u8; 8] = [0xff; 8];
+
+    #[test]
+    fn the_icrc_starts_from_the_crc_of_the_pseudo_lrh() {
+        assert_eq!(PSEUDO_LRH_CRC, crc32fast::hash(&PSEUDO_LRH));
+    }
 
     /// Straightforward reference: build the whole masked buffer, CRC it.
     fn reference(data: &[u8]) -> u32 {
