@@ -205,11 +205,9 @@ impl HostTxOffload {
 
 impl std::fmt::Display for HostTxOffload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            HostTxOffload::Auto => "auto",
-            HostTxOffload::On => "on",
-            HostTxOffload::Off => "off",
-        })
+        use clap::ValueEnum;
+        let value = self.to_possible_value().expect("no variant is skipped");
+        f.write_str(value.get_name())
     }
 }
 
@@ -317,6 +315,7 @@ mod tests {
             "on for af_packet, MPI, off for pcap, af_xdp, dpdk"
         );
         assert!(HostTxOffload::Auto.wants("mpi"));
+        assert_eq!(HostTxOffload::Auto.to_string(), "auto", "as --host-tx-offload takes it");
         assert_eq!(HostTxOffload::On.describe(&all), "on for every system");
         assert_eq!(HostTxOffload::Off.describe(&all[..1]), "off for every system");
     }

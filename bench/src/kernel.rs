@@ -9,23 +9,12 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context};
 
 use crate::netns::Plan;
+use crate::procs::run_checked;
 
 /// Kernel forwarding switched on; switched off again when dropped.
 #[derive(Debug)]
 pub struct KernelForwarding {
     undo: Vec<Vec<String>>,
-}
-
-fn run(args: &[String]) -> anyhow::Result<()> {
-    let out = Command::new(&args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {}", args[0]))?;
-    if !out.status.success() {
-        bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
 }
 
 fn v(parts: &[&str]) -> Vec<String> {
@@ -157,7 +146,7 @@ impl KernelForwarding {
     }
 
     fn apply(&mut self, doit: Vec<String>, undo: Vec<String>) -> anyhow::Result<()> {
-        run(&doit)?;
+        run_checked(&doit)?;
         self.undo.push(undo);
         Ok(())
     }
@@ -166,7 +155,7 @@ impl KernelForwarding {
 impl Drop for KernelForwarding {
     fn drop(&mut self) {
         for cmd in self.undo.drain(..).rev() {
-            let _ = run(&cmd);
+            let _ = run_checked(&cmd);
         }
     }
 }

@@ -146,20 +146,10 @@ impl Drop for Netns {
 
 /// Turns TX checksum offload on the hosts' data interfaces on or off (`ethtool -K`).
 pub fn set_host_tx_offload(plan: &Plan, on: bool) -> anyhow::Result<()> {
+    let state = if on { "on" } else { "off" };
     for h in &plan.hosts {
-        let state = if on { "on" } else { "off" };
-        let out = Command::new("ip")
-            .args(["netns", "exec", &h.ns, "ethtool", "-K", &h.ifname, "tx", state])
-            .output()
-            .with_context(|| format!("running ethtool in {}", h.ns))?;
-        if !out.status.success() {
-            bail!(
-                "ethtool -K {} tx {state} in {} failed: {}",
-                h.ifname,
-                h.ns,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        let cmd = ["ip", "netns", "exec", &h.ns, "ethtool", "-K", &h.ifname, "tx", state];
+        crate::procs::run_checked(&cmd.map(String::from))?;
     }
     Ok(())
 }

@@ -56,6 +56,20 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Run `args` (program first) to completion; its standard error in the error if it
+/// fails.
+pub fn run_checked(args: &[String]) -> anyhow::Result<()> {
+    let out = Command::new(&args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", args[0]))?;
+    if !out.status.success() {
+        bail!("`{}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
 /// A command run inside namespace `ns` (`ip netns exec` execs it: same pid).
 pub fn in_ns(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut c = Command::new("ip");

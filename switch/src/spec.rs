@@ -187,15 +187,7 @@ pub fn resolve(
 /// (see `AfPacketConfig::host_ports`).
 pub fn host_facing_ports(plans: &[SwitchPlan], topology: Option<&Topology>) -> Vec<PortSpec> {
     let Some(t) = topology else { return Vec::new() };
-    t.hosts
-        .iter()
-        .filter_map(|h| {
-            let sw = t.switches.get(h.attach.switch)?;
-            let port = sw.ports.get(h.attach.port)?;
-            let plan = plans.iter().find(|p| p.name == sw.name)?;
-            plan.ports.iter().find(|p| p.port == port.name).map(|p| p.iface.clone())
-        })
-        .collect()
+    t.hosts.iter().filter_map(|h| plan_iface(plans, t, &h.attach)).collect()
 }
 
 /// The two interfaces of every link (in `topology`) that joins two switches of `plans`,
@@ -206,13 +198,16 @@ pub fn internal_link_pairs(
     topology: Option<&Topology>,
 ) -> Vec<(PortSpec, PortSpec)> {
     let Some(t) = topology else { return Vec::new() };
-    let iface = |r: &inc_topology::PortRef| {
-        let sw = t.switches.get(r.switch)?;
-        let port = sw.ports.get(r.port)?;
-        let plan = plans.iter().find(|p| p.name == sw.name)?;
-        plan.ports.iter().find(|p| p.port == port.name).map(|p| p.iface.clone())
-    };
+    let iface = |r| plan_iface(plans, t, r);
     t.links.iter().filter_map(|l| Some((iface(&l.a)?, iface(&l.b)?))).collect()
+}
+
+/// The interface serving topology port `r`, if its switch is one of `plans`.
+fn plan_iface(plans: &[SwitchPlan], t: &Topology, r: &inc_topology::PortRef) -> Option<PortSpec> {
+    let sw = t.switches.get(r.switch)?;
+    let port = sw.ports.get(r.port)?;
+    let plan = plans.iter().find(|p| p.name == sw.name)?;
+    plan.ports.iter().find(|p| p.port == port.name).map(|p| p.iface.clone())
 }
 
 #[cfg(test)]

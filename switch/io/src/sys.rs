@@ -280,14 +280,8 @@ pub(crate) fn if_tx_checksum_offload(fd: RawFd, ifname: &str) -> io::Result<bool
     }
     const ETHTOOL_GTXCSUM: u32 = 0x16;
     let mut value = EthtoolValue { cmd: ETHTOOL_GTXCSUM, data: 0 };
-    let mut req = ifreq(ifname);
-    req.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
-    // Safety: SIOCETHTOOL reads the name and the data pointer inside `req`; the pointer
-    // is to `value`, a live `ethtool_value` that ETHTOOL_GTXCSUM reads and writes.
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL as _, &mut req) };
-    if rc < 0 {
-        return Err(last());
-    }
+    // Safety: `value` is the `ethtool_value` that ETHTOOL_GTXCSUM reads and writes.
+    unsafe { ethtool(fd, ifname, &mut value) }?;
     Ok(value.data != 0)
 }
 
@@ -313,16 +307,27 @@ pub(crate) fn if_driver(fd: RawFd, ifname: &str) -> io::Result<String> {
     // Safety: ethtool_drvinfo is plain old data; all-zero is a valid value.
     let mut info: EthtoolDrvinfo = unsafe { std::mem::zeroed() };
     info.cmd = ETHTOOL_GDRVINFO;
+    // Safety: `info` is the `ethtool_drvinfo` that ETHTOOL_GDRVINFO fills.
+    unsafe { ethtool(fd, ifname, &mut info) }?;
+    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
+    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+}
+
+/// `SIOCETHTOOL` on `ifname` with `data`, whose first field is the command.
+///
+/// # Safety
+/// `T` must be the structure the command in its first field reads and writes.
+unsafe fn ethtool<T>(fd: RawFd, ifname: &str, data: &mut T) -> io::Result<()> {
     let mut req = ifreq(ifname);
-    req.ifr_ifru.ifru_data = (&mut info as *mut EthtoolDrvinfo).cast();
+    req.ifr_ifru.ifru_data = (data as *mut T).cast();
     // Safety: SIOCETHTOOL reads the name and the data pointer inside `req`; the pointer
-    // is to `info`, a live `ethtool_drvinfo` that ETHTOOL_GDRVINFO fills.
+    // is to `data`, live for the call, which is what the command expects (the
+    // caller's contract).
     let rc = unsafe { libc::ioctl(fd, libc::SIOCETHTOOL as _, &mut req) };
     if rc < 0 {
         return Err(last());
     }
-    let end = info.driver.iter().position(|&b| b == 0).unwrap_or(info.driver.len());
-    Ok(String::from_utf8_lossy(&info.driver[..end]).into_owned())
+    Ok(())
 }
 
 /// `setsockopt` with a plain-data value.
