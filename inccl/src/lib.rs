@@ -40,5 +40,5 @@ pub use types::{DataType, Element, ReduceOp};
 /// (`hosts/src/bin/inccl-p2p-bench.rs`); not a stable API.
 #[doc(hidden)]
 pub mod bench {
-    pub use crate::transport::udp::{RoceSocket, UdpStats};
+    pub use crate::transport::udp::{IdentRule, RoceSocket, UdpStats};
 }

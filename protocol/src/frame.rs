@@ -1,10 +1,17 @@
 //! Building the RoCEv2 frames an RC endpoint emits.
 //!
-//! Every frame carries IPv4 ID 0, DF, TTL 64, TOS 0 and UDP checksum 0: what an
+//! Every frame carries DF, TTL 64, TOS 0 and UDP checksum 0, and IPv4 ID 0: what an
 //! unconnected UDP socket with `IP_PMTUDISC_DO` puts on the wire, so a userspace
 //! transport can send the UDP payload through a socket and the ICRC still matches.
+//! A switch's frames carry their PSN's low 16 bits as IPv4 ID instead
+//! ([`RcAddressing::psn_ident`]): consecutive requests then have the consecutive IDs
+//! that UDP GSO gives the segments of one send, so a run of them goes out as one GSO
+//! frame just as it sits in the send queue, and a receiver behind a UDP socket (which
+//! never sees the IP header) knows each one's ID from its BTH.
 
 use std::net::Ipv4Addr;
+use std::ops::Deref;
+use std::sync::Arc;
 
 use inc_wire::icrc::PayloadCrc;
 use inc_wire::{AethRepr, BthRepr, EthAddrs, EthernetAddress, ExtHeaders, Opcode, Psn, RoceRepr};
@@ -45,10 +52,20 @@ pub struct RcAddressing {
     pub peer_udp_port: u16,
     /// Peer QPN (destination QP of our frames).
     pub peer_qpn: u32,
+    /// IPv4 ID of every frame = PSN mod 2^16 (a switch, which writes its own IP
+    /// headers) instead of 0 (a host whose kernel writes them). See the module docs.
+    pub psn_ident: bool,
+}
+
+/// The IPv4 ID a frame with `psn` carries when its sender stamps PSNs as IDs
+/// ([`RcAddressing::psn_ident`]).
+pub fn psn_ident(psn: Psn) -> u16 {
+    psn.value() as u16
 }
 
 impl RcAddressing {
     fn repr(&self, bth: BthRepr, ext: ExtHeaders, payload_len: usize) -> RoceRepr {
+        let ip_ident = if self.psn_ident { psn_ident(bth.psn) } else { 0 };
         RoceRepr {
             eth: EthAddrs {
                 src: self.local_mac,
@@ -56,7 +73,7 @@ impl RcAddressing {
             },
             ip_src: self.local_ip,
             ip_dst: self.peer_ip,
-            ip_ident: 0,
+            ip_ident,
             ttl: 64,
             tos: 0,
             dont_frag: true,
@@ -118,11 +135,53 @@ impl RcAddressing {
     }
 }
 
+/// A frame of a send queue, shared with whoever transmits it: the queue keeps it for
+/// retransmission while a backend hands the same bytes to the kernel, without a copy
+/// into a transmit buffer. Read-only; the queue changes a frame only while nobody else
+/// holds it (copying it otherwise).
+#[derive(Debug, Clone)]
+pub struct QueuedFrame {
+    buf: Arc<Vec<u8>>,
+    len: usize,
+}
+
+impl QueuedFrame {
+    pub(crate) fn new(buf: Arc<Vec<u8>>, len: usize) -> Self {
+        QueuedFrame { buf, len }
+    }
+}
+
+/// A frame held by nobody else (tests, tools).
+impl From<Vec<u8>> for QueuedFrame {
+    fn from(frame: Vec<u8>) -> Self {
+        let len = frame.len();
+        QueuedFrame { buf: Arc::new(frame), len }
+    }
+}
+
+impl Deref for QueuedFrame {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl AsRef<[u8]> for QueuedFrame {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// Whether a frame this crate emitted has AckReq set.
+pub fn ack_req(frame: &[u8]) -> bool {
+    frame[BTH_OFFSET + 8] & 0x80 != 0
+}
+
 /// Sets or clears AckReq in a frame this crate emitted and recomputes its ICRC.
 pub fn set_ack_req(frame: &mut [u8], ack_req: bool) {
     let a = BTH_OFFSET + 8;
-    let cur = frame[a] & 0x80 != 0;
-    if cur == ack_req {
+    if self::ack_req(frame) == ack_req {
         return;
     }
     frame[a] ^= 0x80;
@@ -160,6 +219,7 @@ mod tests {
             peer_ip: Ipv4Addr::new(10, 0, 0, 2),
             peer_udp_port: inc_wire::ROCEV2_PORT,
             peer_qpn: 0x22,
+            psn_ident: false,
         }
     }
 

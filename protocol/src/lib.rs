@@ -16,9 +16,9 @@ pub mod frame;
 mod rc;
 mod time;
 
-pub use frame::RcAddressing;
+pub use frame::{QueuedFrame, RcAddressing};
 pub use rc::{
-    timers_for_window, Inbound, RcConfig, RcConnection, RcCounters, RcFailure, RcTimers,
+    timers_for_window, Inbound, Outgoing, RcConfig, RcConnection, RcCounters, RcFailure, RcTimers,
     RttEstimator, SendError,
 };
 pub use time::{earliest, Time};

@@ -44,6 +44,7 @@ fn acks_match_rxe_byte_for_byte() {
                         peer_ip: a.ip_dst,
                         peer_udp_port: a.udp_dst_port,
                         peer_qpn: a.bth.dest_qp,
+                        psn_ident: false,
                     },
                     send_start_psn: inc_wire::Psn::new(0),
                     recv_start_psn: send.repr.bth.psn,

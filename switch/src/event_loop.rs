@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use inc_ctrl_proto::SwitchRules;
-use inc_protocol::Time;
+use inc_protocol::{Outgoing, Time};
 use inc_switch_engine::SwitchEngine;
 use inc_switch_io::Backend;
 use serde::Serialize;
@@ -254,7 +254,8 @@ impl<B: Backend> EventLoop<B> {
         }
     }
 
-    /// Drain every engine's transmit queue into backend buffers and flush.
+    /// Drain every engine's transmit queue into the backend and flush: requests as
+    /// their send queues hold them, the rest written into backend buffers.
     fn transmit(&mut self, now: Time) -> anyhow::Result<()> {
         let EventLoop { backend, switches, capture, counters, .. } = self;
         for s in switches.iter_mut() {
@@ -263,11 +264,22 @@ impl<B: Backend> EventLoop<B> {
                     backend.flush()?;
                 }
                 let Some(buf) = backend.tx_buffer() else { break };
-                let Some(t) = s.engine.poll_transmit(now, buf) else { break };
-                if let Some(c) = capture.as_mut() {
-                    c.frame(&buf[..t.len]);
+                let Some(t) = s.engine.poll_transmit_frame(now, buf) else { break };
+                let port = s.port_base + t.port;
+                match t.frame {
+                    Outgoing::Written(len) => {
+                        if let Some(c) = capture.as_mut() {
+                            c.frame(&buf[..len]);
+                        }
+                        backend.commit_tx(port, len);
+                    }
+                    Outgoing::Queued(frame) => {
+                        if let Some(c) = capture.as_mut() {
+                            c.frame(&frame);
+                        }
+                        backend.commit_frame(port, frame);
+                    }
                 }
-                backend.commit_tx(s.port_base + t.port, t.len);
                 counters.tx_frames += 1;
             }
         }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use inc_wire::{BthRepr, EthAddrs, EthernetAddress, Opcode, Psn, RoceRepr};
-use inccl::bench::RoceSocket;
+use inccl::bench::{IdentRule, RoceSocket};
 
 #[derive(Debug, Parser)]
 struct Cli {
@@ -92,6 +92,7 @@ fn main() -> anyhow::Result<()> {
                 io.recv_frames(
                     peer,
                     EthernetAddress::from_ipv4(peer),
+                    IdentRule::Kernel,
                     |frame| match RoceRepr::parse(frame) {
                         Ok(f) if f.icrc_ok => {
                             good += 1;

@@ -80,6 +80,7 @@ impl HostEngine {
             // Switches listen on the RoCEv2 port; `switch_udp_port` is their source port.
             peer_udp_port: inc_wire::ROCEV2_PORT,
             peer_qpn: config.switch_qpn,
+            psn_ident: false,
         };
         let rc = RcConnection::new(RcConfig {
             addr,

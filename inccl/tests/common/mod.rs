@@ -25,8 +25,8 @@ use inc_ctrl_proto::{PortInfo, Push, PushRequest, SwitchSession};
 use inc_protocol::Time;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
 use inc_wire::{
-    EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Ipv4Packet, Ipv4Repr, UdpPacket,
-    UdpRepr,
+    BthPacket, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Ipv4Packet, Ipv4Repr,
+    UdpPacket, UdpRepr,
 };
 use inccl::GroupConfig;
 
@@ -233,10 +233,17 @@ fn data_plane(topo: Topology, pushes: Receiver<PushMsg>, stop: Arc<AtomicBool>) 
                             inc_wire::ROCEV2_PORT,
                         );
                         let mac = topo.switches[*si].ports[*pi].mac;
+                        // A switch stamps the PSN as IPv4 ID, a host's kernel 0.
+                        let from_switch = senders.keys().any(|a| a.ip() == from.ip());
+                        let ident = match BthPacket::new_checked(&buf[HDR..HDR + n]) {
+                            Ok(bth) if from_switch => inc_protocol::frame::psn_ident(bth.psn()),
+                            _ => 0,
+                        };
                         build_headers(
                             &mut buf[..HDR + n],
                             from,
                             to,
+                            ident,
                             inc_ctrl_proto::EthernetAddress::from_ipv4(*from.ip()).0,
                             mac.0,
                         );
@@ -305,11 +312,12 @@ fn data_plane(topo: Topology, pushes: Receiver<PushMsg>, stop: Arc<AtomicBool>) 
     }
 }
 
-/// Ethernet/IPv4/UDP headers as a kernel sends them with IP_PMTUDISC_DO.
+/// Ethernet/IPv4/UDP headers as the sender's frame had them (IPv4 ID `ident`, DF).
 fn build_headers(
     frame: &mut [u8],
     from: SocketAddrV4,
     to: SocketAddrV4,
+    ident: u16,
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
 ) {
@@ -327,7 +335,7 @@ fn build_headers(
         payload_len: udp_len,
         ttl: 64,
         tos: 0,
-        ident: 0,
+        ident,
         dont_frag: true,
     }
     .emit(&mut Ipv4Packet::new_unchecked(&mut frame[14..34]))

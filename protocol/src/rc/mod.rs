@@ -13,16 +13,32 @@ mod rtt;
 mod types;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use inc_wire::{AethRepr, BthRepr, EthernetAddress, Psn};
 
-use crate::frame::{self, RcAddressing};
+use crate::frame::{self, QueuedFrame, RcAddressing};
 use crate::time::{earliest, Time};
 use requester::Entry;
 use responder::Response;
 pub use rtt::RttEstimator;
 pub use types::{timers_for_window, Inbound, RcConfig, RcCounters, RcFailure, RcTimers, SendError};
+
+/// A frame [`RcConnection::poll_transmit_frame`] has ready.
+#[derive(Debug, Clone)]
+pub enum Outgoing {
+    /// An ACK or NAK of this many bytes, written to the caller's buffer.
+    Written(usize),
+    /// A request (new or retransmitted) as it sits in the send queue.
+    Queued(QueuedFrame),
+}
+
+/// What [`RcConnection::poll_next`] found: a response in the buffer, or a queue index.
+enum Next {
+    Response(usize),
+    Request(usize),
+}
 
 /// One RC endpoint (requester + responder).
 #[derive(Debug)]
@@ -35,7 +51,8 @@ pub struct RcConnection {
     send_idx: usize,
     /// Entries `queue[..sent_hi]` have been transmitted at least once.
     sent_hi: usize,
-    pool: Vec<Vec<u8>>,
+    /// Unshared frame buffers.
+    pool: Vec<Arc<Vec<u8>>>,
     rtt: RttEstimator,
     rto_deadline: Option<Time>,
     rnr_until: Option<Time>,
@@ -69,7 +86,7 @@ impl RcConnection {
         // Every frame buffer up front: memory is fixed by the queue size, never by the
         // traffic, and the hot path never allocates.
         let cap = frame::max_frame_len(cfg.max_payload);
-        let pool = (0..cfg.send_queue).map(|_| vec![0; cap]).collect();
+        let pool = (0..cfg.send_queue).map(|_| Arc::new(vec![0; cap])).collect();
         RcConnection {
             next_psn: cfg.send_start_psn,
             queue: VecDeque::with_capacity(cfg.send_queue),
@@ -172,7 +189,7 @@ impl RcConnection {
         self.rto_deadline = None;
         self.rnr_until = None;
         while let Some(e) = self.queue.pop_front() {
-            self.pool.push(e.buf);
+            self.recycle(e.buf);
         }
         self.rewind();
         self.sent_hi = 0;
@@ -180,19 +197,40 @@ impl RcConnection {
 
     /// Next frame to send (ACK/NAK first, then requests), written to `buf`.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+        match self.poll_next(now, buf, buf.len())? {
+            Next::Response(len) => Some(len),
+            Next::Request(i) => {
+                let frame = self.queue[i].bytes();
+                buf[..frame.len()].copy_from_slice(frame);
+                Some(frame.len())
+            }
+        }
+    }
+
+    /// Like [`poll_transmit`](Self::poll_transmit), but a request is not copied: it
+    /// comes back as the send queue's own frame, for a backend that can hand it to the
+    /// kernel as it is. ACK/NAKs are written to `buf` (a few dozen bytes).
+    pub fn poll_transmit_frame(&mut self, now: Time, buf: &mut [u8]) -> Option<Outgoing> {
+        Some(match self.poll_next(now, buf, usize::MAX)? {
+            Next::Response(len) => Outgoing::Written(len),
+            Next::Request(i) => Outgoing::Queued(self.queue[i].shared()),
+        })
+    }
+
+    fn poll_next(&mut self, now: Time, buf: &mut [u8], room: usize) -> Option<Next> {
         if self.response_owed(now) {
-            return self.emit_response(buf);
+            return self.emit_response(buf).map(Next::Response);
         }
         if self.failed.is_some() {
             return None;
         }
-        let len = self.poll_request(now, buf)?;
+        let i = self.poll_request(now, room)?;
         // A deferred ACK goes right behind the request it waited for (the next call
         // returns it): the peer finds both in the same batch.
         if self.ack_due.is_some() {
             self.pending = Some(Response::Ack);
         }
-        Some(len)
+        Some(Next::Request(i))
     }
 
     /// Earliest time [`handle_timeout`](Self::handle_timeout) must run.
@@ -246,6 +284,7 @@ mod tests {
                 peer_ip: Ipv4Addr::new(10, 0, 0, b),
                 peer_udp_port: 4791,
                 peer_qpn: 0x100 + u32::from(b),
+                psn_ident: false,
             },
             send_start_psn: Psn::new(0xFF_FFF0 + u32::from(a)),
             recv_start_psn: Psn::new(0xFF_FFF0 + u32::from(b)),

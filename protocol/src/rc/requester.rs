@@ -1,38 +1,56 @@
 //! The requester half of an RC connection: the queue of unacknowledged frames,
 //! go-back-N on sequence NAKs, RNR waits and timeouts, AckReq pacing and tail probes.
 
+use std::sync::Arc;
+
 use inc_wire::icrc::PayloadCrc;
 use inc_wire::{AethRepr, AethSyndrome, EthernetAddress, NakCode, Psn};
 
 use super::responder::Response;
 use super::{Inbound, RcConnection, RcFailure, SendError};
-use crate::frame;
+use crate::frame::{self, QueuedFrame};
 use crate::time::Time;
 
 /// One unacknowledged frame.
 #[derive(Debug)]
 pub(super) struct Entry {
     pub(super) psn: Psn,
-    pub(super) buf: Vec<u8>,
-    len: usize,
+    /// Shared with a backend between a transmission and its flush
+    /// ([`RcConnection::poll_transmit_frame`]); unique otherwise.
+    pub(super) buf: Arc<Vec<u8>>,
+    pub(super) len: usize,
     pub(super) first_sent: Option<Time>,
     retransmitted: bool,
 }
 
 impl Entry {
-    /// Copies the stored frame into `buf` with the peer MAC, if learned, as destination.
-    /// Returns the frame in `buf`, or `None` if `buf` is too small.
-    fn copy_out<'b>(
-        &self,
-        buf: &'b mut [u8],
-        peer_mac: Option<EthernetAddress>,
-    ) -> Option<&'b mut [u8]> {
-        let out = buf.get_mut(..self.len)?;
-        out.copy_from_slice(&self.buf[..self.len]);
-        if let Some(mac) = peer_mac {
+    /// Readies the stored frame for a transmission: the peer MAC, if learned, as
+    /// destination, AckReq set or cleared. Writes only what differs, on a copy if a
+    /// backend still holds the frame's previous transmission.
+    fn prepare(&mut self, peer_mac: Option<EthernetAddress>, ack_req: bool) {
+        let stored = &self.buf[..self.len];
+        let mac = peer_mac.filter(|m| stored[..6] != m.0);
+        let flip_ack_req = frame::ack_req(stored) != ack_req;
+        if mac.is_none() && !flip_ack_req {
+            return;
+        }
+        let out = &mut Arc::make_mut(&mut self.buf)[..self.len];
+        if let Some(mac) = mac {
             frame::set_dst_mac(out, mac);
         }
-        Some(out)
+        if flip_ack_req {
+            frame::set_ack_req(out, ack_req);
+        }
+    }
+
+    /// The stored frame, shared.
+    pub(super) fn shared(&self) -> QueuedFrame {
+        QueuedFrame::new(Arc::clone(&self.buf), self.len)
+    }
+
+    /// The stored frame.
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
 }
 
@@ -66,14 +84,15 @@ impl RcConnection {
     ) -> Result<Option<Psn>, SendError> {
         self.check_queue_room()?;
         let max = self.cfg.max_payload;
-        let mut buf = self.free_buffer();
+        let mut shared = self.free_buffer();
+        let buf = Arc::get_mut(&mut shared).expect("free buffers are unshared");
         let at = frame::send_payload_offset(None);
         let Some((imm, len)) = write(&mut buf[at..at + max]) else {
-            self.pool.push(buf);
+            self.pool.push(shared);
             return Ok(None);
         };
         if len > max {
-            self.pool.push(buf);
+            self.pool.push(shared);
             return Err(SendError::TooLarge { len, max });
         }
         let to = frame::send_payload_offset(imm);
@@ -83,9 +102,9 @@ impl RcConnection {
         let len = self
             .cfg
             .addr
-            .emit_send_in_place(&mut buf, self.next_psn, imm, len)
+            .emit_send_in_place(buf, self.next_psn, imm, len)
             .expect("the buffer holds the largest frame");
-        Ok(Some(self.push_new(buf, len)))
+        Ok(Some(self.push_new(shared, len)))
     }
 
     fn enqueue(
@@ -98,15 +117,16 @@ impl RcConnection {
         if payload.len() > self.cfg.max_payload {
             return Err(SendError::TooLarge { len: payload.len(), max: self.cfg.max_payload });
         }
-        let mut buf = self.free_buffer();
+        let mut shared = self.free_buffer();
+        let buf = Arc::get_mut(&mut shared).expect("free buffers are unshared");
         let psn = self.next_psn;
-        let Some(len) = self.cfg.addr.emit_send(&mut buf, psn, imm, payload, payload_crc) else {
-            self.pool.push(buf);
+        let Some(len) = self.cfg.addr.emit_send(buf, psn, imm, payload, payload_crc) else {
+            self.pool.push(shared);
             // `buf` holds the largest frame, so only the CRC's length can be wrong.
             let crc_len = payload_crc.map_or(0, PayloadCrc::payload_len);
             return Err(SendError::PayloadCrcMismatch { len: payload.len(), crc_len });
         };
-        Ok(self.push_new(buf, len))
+        Ok(self.push_new(shared, len))
     }
 
     /// Whether one more message may be queued.
@@ -120,14 +140,22 @@ impl RcConnection {
         Ok(())
     }
 
-    /// A send-queue buffer large enough for the largest frame.
-    fn free_buffer(&mut self) -> Vec<u8> {
+    /// An unshared send-queue buffer large enough for the largest frame.
+    fn free_buffer(&mut self) -> Arc<Vec<u8>> {
         let cap = frame::max_frame_len(self.cfg.max_payload);
-        self.pool.pop().unwrap_or_else(|| vec![0; cap])
+        self.pool.pop().unwrap_or_else(|| Arc::new(vec![0; cap]))
+    }
+
+    /// Returns the buffer of an acknowledged (or dropped) frame to the pool, unless a
+    /// backend still holds it: then it is freed when the backend lets go.
+    pub(super) fn recycle(&mut self, mut buf: Arc<Vec<u8>>) {
+        if Arc::get_mut(&mut buf).is_some() {
+            self.pool.push(buf);
+        }
     }
 
     /// Queues the frame just built in `buf` (`len` bytes) under the next PSN.
-    fn push_new(&mut self, buf: Vec<u8>, len: usize) -> Psn {
+    fn push_new(&mut self, buf: Arc<Vec<u8>>, len: usize) -> Psn {
         let psn = self.next_psn;
         self.next_psn = psn.next();
         self.queue.push_back(Entry { psn, buf, len, first_sent: None, retransmitted: false });
@@ -164,7 +192,7 @@ impl RcConnection {
             if !e.retransmitted {
                 sample = e.first_sent;
             }
-            self.pool.push(e.buf);
+            self.recycle(e.buf);
         }
         self.send_idx = self.send_idx.saturating_sub(n);
         self.sent_hi -= n;
@@ -222,8 +250,10 @@ impl RcConnection {
         self.probe_at = None;
     }
 
-    /// The next request frame (new or retransmitted), or the tail probe, written to `buf`.
-    pub(super) fn poll_request(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+    /// The next request frame (new or retransmitted) or the tail probe, readied in the
+    /// send queue: its index there. `None` when nothing is due, or when the frame is
+    /// longer than `room` (the caller's buffer; nothing changes then).
+    pub(super) fn poll_request(&mut self, now: Time, room: usize) -> Option<usize> {
         if let Some(t) = self.rnr_until {
             if t > now {
                 return None;
@@ -231,19 +261,22 @@ impl RcConnection {
             self.rnr_until = None;
         }
         if self.send_idx >= self.queue.len() {
-            return self.poll_probe(now, buf);
+            return self.poll_probe(now, room);
         }
-        let last = self.send_idx + 1 == self.queue.len();
-        let e = &mut self.queue[self.send_idx];
-        let out = e.copy_out(buf, self.cfg.addr.peer_mac)?;
+        let i = self.send_idx;
+        if self.queue[i].len > room {
+            return None;
+        }
+        let last = i + 1 == self.queue.len();
         self.since_ack_req += 1;
         let ack_req = self.since_ack_req >= self.cfg.timers.ack_req_every
             || (last && self.ack_req_psn.is_none());
+        let e = &mut self.queue[i];
+        e.prepare(self.cfg.addr.peer_mac, ack_req);
         if ack_req {
             self.since_ack_req = 0;
             self.ack_req_psn = Some(e.psn);
             self.probe_at = None;
-            frame::set_ack_req(out, true);
         }
         if e.first_sent.is_none() {
             e.first_sent = Some(now);
@@ -257,24 +290,27 @@ impl RcConnection {
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rtt.rto());
         }
-        Some(e.len)
+        Some(i)
     }
 
     /// The tail probe, when due: the newest sent packet again, with AckReq.
-    fn poll_probe(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+    fn poll_probe(&mut self, now: Time, room: usize) -> Option<usize> {
         if self.probe_at.is_none_or(|t| t > now) || self.send_idx == 0 {
             return None;
         }
-        let e = &mut self.queue[self.send_idx - 1];
-        let out = e.copy_out(buf, self.cfg.addr.peer_mac)?;
-        frame::set_ack_req(out, true);
+        let i = self.send_idx - 1;
+        let e = &mut self.queue[i];
+        if e.len > room {
+            return None;
+        }
+        e.prepare(self.cfg.addr.peer_mac, true);
         // Karn: an ACK may now answer either copy.
         e.retransmitted = true;
         self.probe_at = None;
         self.ack_req_psn = Some(e.psn);
         self.since_ack_req = 0;
         self.counters.tail_probes += 1;
-        Some(e.len)
+        Some(i)
     }
 
     /// A request of the peer arrived. Our ACKs come back behind the peer's own requests
@@ -315,6 +351,7 @@ mod tests {
     use inc_wire::RoceRepr;
 
     use super::super::tests::cfg;
+    use super::super::Outgoing;
     use super::*;
 
     /// Messages written in place are the frames `send` and `send_shared` make of the
@@ -360,6 +397,60 @@ mod tests {
             Err(SendError::PayloadCrcMismatch { len: 4, crc_len: 3 })
         );
         assert_eq!(c.queued(), 0);
+    }
+
+    /// Frames handed out as they sit in the send queue are the frames `poll_transmit`
+    /// copies; one a backend still holds never changes under it (a retransmission
+    /// with another AckReq works on a copy), and its buffer is not reused while held.
+    #[test]
+    fn queued_frames_stay_as_handed_out_while_held() {
+        let mut c = cfg(1, 2, 8);
+        c.addr.psn_ident = true;
+        c.timers.ack_req_every = 2;
+        let (mut shared, mut copied) = (RcConnection::new(c.clone()), RcConnection::new(c));
+        for k in 0..3u8 {
+            shared.send(None, &[k; 100]).unwrap();
+            copied.send(None, &[k; 100]).unwrap();
+        }
+        let mut buf = vec![0u8; 2048];
+        let mut held = Vec::new();
+        while let Some(out) = shared.poll_transmit_frame(Time::ZERO, &mut buf) {
+            let Outgoing::Queued(frame) = out else { panic!("a request, not {out:?}") };
+            let n = copied.poll_transmit(Time::ZERO, &mut buf).unwrap();
+            assert_eq!(&frame[..], &buf[..n]);
+            let parsed = RoceRepr::parse(&frame).unwrap();
+            assert!(parsed.icrc_ok);
+            assert_eq!(parsed.repr.ip_ident, frame::psn_ident(parsed.repr.bth.psn));
+            held.push((frame.to_vec(), frame));
+        }
+        let ack_reqs =
+            |frames: &[&[u8]]| frames.iter().map(|f| frame::ack_req(f)).collect::<Vec<_>>();
+        assert_eq!(ack_reqs(&[&held[0].0, &held[1].0, &held[2].0]), [false, true, false]);
+        // Go back: the first two again, now with AckReq flipped both ways (on copies).
+        shared.rewind();
+        let mut retransmitted = Vec::new();
+        for _ in 0..2 {
+            let Some(Outgoing::Queued(f)) = shared.poll_transmit_frame(Time::ZERO, &mut buf) else {
+                panic!("retransmission")
+            };
+            assert!(RoceRepr::parse(&f).unwrap().icrc_ok);
+            retransmitted.push(f);
+        }
+        assert_eq!(ack_reqs(&[&retransmitted[0], &retransmitted[1]]), [true, false]);
+        // The peer acknowledges everything while the frames are still held, then more
+        // messages are queued: none may land in a held buffer.
+        let psn = held[2].1.as_ref();
+        let bth = RoceRepr::parse(psn).unwrap().repr.bth;
+        let ack = AethRepr { syndrome: AethSyndrome::Ack { credits: 31 }, msn: 3 };
+        shared.on_ack(Time::ZERO, bth.psn, &ack);
+        assert_eq!(shared.queued(), 0);
+        for k in 0..8u8 {
+            shared.send(None, &[0xf0 | k; 100]).unwrap();
+        }
+        while shared.poll_transmit_frame(Time::ZERO, &mut buf).is_some() {}
+        for (k, (bytes, frame)) in held.iter().enumerate() {
+            assert_eq!(&frame[..], &bytes[..], "held frame {k} changed");
+        }
     }
 
     /// A peer that, like rxe, ACKs only packets with AckReq, fed one message at a time

@@ -13,7 +13,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::{Peer, SwitchRules, VALID_MTUS};
-use inc_protocol::{earliest, RcCounters, RcTimers, Time};
+use inc_protocol::{earliest, Outgoing, RcCounters, RcTimers, Time};
 use inc_wire::{
     ArpOperation, ArpPacket, ArpRepr, EtherType, EthernetAddress, EthernetFrame, EthernetRepr,
     Opcode, RoceRepr,
@@ -56,6 +56,16 @@ pub struct Transmit {
     pub port: usize,
     /// Frame length.
     pub len: usize,
+}
+
+/// A frame to send out of port `port`: in the caller's buffer, or a connection's
+/// queued request as it is ([`SwitchEngine::poll_transmit_frame`]).
+#[derive(Debug, Clone)]
+pub struct TransmitFrame {
+    /// Port index.
+    pub port: usize,
+    /// The frame.
+    pub frame: Outgoing,
 }
 
 /// Something the driver should know about.
@@ -491,10 +501,25 @@ impl SwitchEngine {
 
     /// Writes the next frame to send into `buf` (at least `mtu + 70` bytes).
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<Transmit> {
+        let t = self.poll_transmit_frame(now, buf)?;
+        let len = match t.frame {
+            Outgoing::Written(len) => len,
+            Outgoing::Queued(frame) => {
+                buf[..frame.len()].copy_from_slice(&frame);
+                frame.len()
+            }
+        };
+        Some(Transmit { port: t.port, len })
+    }
+
+    /// The next frame to send. Requests come as their connection's queued frame,
+    /// which a backend may send without copying it; everything else (ACK/NAKs, ARP
+    /// replies) is written into `buf` (at least 128 bytes).
+    pub fn poll_transmit_frame(&mut self, now: Time, buf: &mut [u8]) -> Option<TransmitFrame> {
         if let Some((port, frame)) = self.arp_out.pop_front() {
             buf[..ARP_FRAME_LEN].copy_from_slice(&frame);
             self.counters.tx_frames += 1;
-            return Some(Transmit { port, len: ARP_FRAME_LEN });
+            return Some(TransmitFrame { port, frame: Outgoing::Written(ARP_FRAME_LEN) });
         }
         let n = self.tx_order.len();
         for k in 0..n {

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use inc_protocol::QueuedFrame;
 use tracing::{debug, warn};
 
 use crate::backend::{
@@ -548,12 +549,14 @@ impl AfPacketBackend {
 
     /// Send the staged frames of `port` with sendmmsg. Returns the frames sent.
     ///
-    /// On a host port with virtio-net headers, consecutive frames of one connection
-    /// (same addresses and ports, all but the last of the same size) go out as one UDP
-    /// GSO frame: one socket buffer through the kernel instead of one per frame. The
-    /// kernel (or the host's UDP GRO socket) cuts it into the original datagrams, giving
-    /// segment `i` the IPv4 ID of the first plus `i`; each segment's ICRC is re-stamped
-    /// for that ID first.
+    /// On a port with virtio-net headers (towards a host, or a GSO link), consecutive
+    /// frames of one connection (same addresses and ports, all but the last of the same
+    /// size, IPv4 IDs counting up as their PSNs do) go out as one UDP GSO frame: one
+    /// socket buffer through the kernel instead of one per frame. The kernel (or the
+    /// host's UDP GRO socket) cuts it into the original datagrams, giving segment `i`
+    /// the first one's IPv4 ID plus `i`: the ID each already carries, so every ICRC
+    /// holds as stamped and the frames go out from where they are (queued frames from
+    /// their connection's send queue) behind one copy of the first frame's headers.
     fn send_port(&mut self, port: usize) -> usize {
         let sock = &self.socks[port];
         let (fd, vnet) = (sock.fd.as_raw_fd(), sock.vnet);
@@ -567,36 +570,44 @@ impl AfPacketBackend {
         }
         let runs =
             if gso { gso_runs(&self.tx, &staged) } else { staged.iter().map(|_| 1).collect() };
-        let mut hdrs: Vec<VirtioNetHdr> = Vec::with_capacity(runs.len());
+        let mut hdrs: Vec<(VirtioNetHdr, [u8; UDP_PAYLOAD_AT])> = Vec::with_capacity(runs.len());
         let mut at = 0;
         for &count in &runs {
             let run = &staged[at..at + count];
             hdrs.push(if count > 1 {
-                stamp_gso_run(&mut self.tx, run)
+                let payload = run.iter().map(|&(_, len)| len - UDP_PAYLOAD_AT).sum();
+                gso_run_headers(self.tx.frame_at(run[0].0, run[0].1), payload)
             } else {
-                VirtioNetHdr::default()
+                (VirtioNetHdr::default(), [0; UDP_PAYLOAD_AT])
             });
             at += count;
         }
-        // Per message: [virtio-net header], first frame, then the UDP payloads of the rest.
-        let mut iov: Vec<libc::iovec> = Vec::with_capacity(staged.len() + runs.len());
+        // Per message: [virtio-net header], the first frame (a GSO run's with its own
+        // headers), then the UDP payloads of the rest.
+        let mut iov: Vec<libc::iovec> = Vec::with_capacity(staged.len() + 2 * runs.len());
         let mut spans: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
         let mut at = 0;
-        for (&count, hdr) in runs.iter().zip(&hdrs) {
+        for (&count, (vhdr, headers)) in runs.iter().zip(&hdrs) {
             let first_iov = iov.len();
+            // The kernel only reads through iov_base (a send).
             if vnet {
-                // The kernel only reads through iov_base (a send).
                 iov.push(libc::iovec {
-                    iov_base: (hdr as *const VirtioNetHdr) as *mut libc::c_void,
+                    iov_base: (vhdr as *const VirtioNetHdr) as *mut libc::c_void,
                     iov_len: VNET_HDR_LEN,
                 });
             }
-            for (k, &(i, len)) in staged[at..at + count].iter().enumerate() {
-                let f = &self.tx.frame_at(i, len)[if k == 0 { 0 } else { UDP_PAYLOAD_AT }..];
+            let mut push = |b: &[u8]| {
                 iov.push(libc::iovec {
-                    iov_base: f.as_ptr() as *mut libc::c_void,
-                    iov_len: f.len(),
-                });
+                    iov_base: b.as_ptr() as *mut libc::c_void,
+                    iov_len: b.len(),
+                })
+            };
+            if count > 1 {
+                push(headers);
+            }
+            for (k, &(i, len)) in staged[at..at + count].iter().enumerate() {
+                let from = if k == 0 && count == 1 { 0 } else { UDP_PAYLOAD_AT };
+                push(&self.tx.frame_at(i, len)[from..]);
             }
             spans.push((first_iov, iov.len() - first_iov));
             at += count;
@@ -688,8 +699,14 @@ fn same_flow(prev: &[u8], next: &[u8]) -> bool {
         && prev[26..38] == next[26..38]
 }
 
+/// IPv4 ID of a plain UDP frame.
+fn ident(f: &[u8]) -> u16 {
+    u16::from_be_bytes([f[18], f[19]])
+}
+
 /// Split the staged frames of a port into GSO runs (frame counts, in order): frames
-/// of one flow, all but the last with the UDP payload size of the first, within the
+/// of one flow, all but the last with the UDP payload size of the first, IPv4 IDs
+/// counting up from the first's (what the segmentation gives them), within the
 /// kernel's limits.
 fn gso_runs(tx: &TxStaging, staged: &[(usize, usize)]) -> Vec<usize> {
     let frame = |k: usize| tx.frame_at(staged[k].0, staged[k].1);
@@ -699,28 +716,24 @@ fn gso_runs(tx: &TxStaging, staged: &[(usize, usize)]) -> Vec<usize> {
         staged.len(),
         payload,
         payload,
-        |first, next| is_plain_udp(frame(first)) && same_flow(frame(first), frame(next)),
+        |first, next| {
+            let (f, n) = (frame(first), frame(next));
+            is_plain_udp(f)
+                && same_flow(f, n)
+                && ident(n) == ident(f).wrapping_add((next - first) as u16)
+        },
         |_, count| runs.push(count),
     );
     runs
 }
 
-/// Prepare a GSO run (at least two frames): re-stamp segment `k`'s IPv4 ID (first
-/// frame's ID + `k`) and its ICRC, write the whole run's lengths, IPv4 checksum and the
-/// UDP pseudo-header sum into the first frame's headers, and return its virtio-net
-/// header.
-fn stamp_gso_run(tx: &mut TxStaging, run: &[(usize, usize)]) -> VirtioNetHdr {
-    let (i0, len0) = run[0];
-    let first = tx.frame_at(i0, len0);
-    let base = u16::from_be_bytes([first[18], first[19]]);
-    let mut payload = 0;
-    for (k, &(i, len)) in run.iter().enumerate() {
-        payload += len - UDP_PAYLOAD_AT;
-        if k > 0 {
-            inc_wire::gso::restamp_ident(tx.frame_at_mut(i, len), base.wrapping_add(k as u16));
-        }
-    }
-    let f = tx.frame_at_mut(i0, len0);
+/// The headers of a GSO run (at least two frames) starting with `first`, whose
+/// segments carry `payload` UDP payload bytes in all: `first`'s headers with the
+/// whole run's lengths, IPv4 checksum and the UDP pseudo-header sum, and the
+/// virtio-net header.
+fn gso_run_headers(first: &[u8], payload: usize) -> (VirtioNetHdr, [u8; UDP_PAYLOAD_AT]) {
+    let mut f = [0u8; UDP_PAYLOAD_AT];
+    f.copy_from_slice(&first[..UDP_PAYLOAD_AT]);
     let udp_len = (8 + payload) as u16;
     f[16..18].copy_from_slice(&(20 + udp_len).to_be_bytes());
     f[24..26].copy_from_slice(&[0, 0]);
@@ -731,14 +744,15 @@ fn stamp_gso_run(tx: &mut TxStaging, run: &[(usize, usize)]) -> VirtioNetHdr {
     // the receiver's checksum-offload path) completes each segment's checksum.
     let pseudo = pseudo_header_sum(&f[26..30], &f[30..34], udp_len);
     f[40..42].copy_from_slice(&pseudo.to_be_bytes());
-    VirtioNetHdr {
+    let vhdr = VirtioNetHdr {
         flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
         gso_type: VIRTIO_NET_HDR_GSO_UDP_L4,
         hdr_len: UDP_PAYLOAD_AT as u16,
-        gso_size: (len0 - UDP_PAYLOAD_AT) as u16,
+        gso_size: (first.len() - UDP_PAYLOAD_AT) as u16,
         csum_start: 34,
         csum_offset: 6,
-    }
+    };
+    (vhdr, f)
 }
 
 /// One's-complement sum (folded, not inverted) of the UDP pseudo-header.
@@ -779,6 +793,12 @@ impl Backend for AfPacketBackend {
 
     fn commit_tx(&mut self, port: usize, len: usize) {
         if self.tx.commit(port, len, self.socks.len()) {
+            self.counters[port].tx_batch_full += 1;
+        }
+    }
+
+    fn commit_frame(&mut self, port: usize, frame: QueuedFrame) {
+        if self.tx.commit_queued(port, frame, self.socks.len()) {
             self.counters[port].tx_batch_full += 1;
         }
     }
@@ -864,7 +884,8 @@ mod tests {
 
     use super::*;
 
-    /// A RoCEv2 frame of one connection with `payload` bytes, PSN `psn`, IPv4 ID 0.
+    /// A RoCEv2 frame of one connection with `payload` bytes, PSN `psn` and, as a
+    /// switch stamps them, the PSN's low 16 bits as IPv4 ID.
     fn frame(psn: u32, payload: usize, src_port: u16) -> Vec<u8> {
         let mut r = RoceRepr::new(
             EthAddrs { src: EthernetAddress([2, 0, 0, 0, 0, 1]), dst: EthernetAddress([2; 6]) },
@@ -874,17 +895,24 @@ mod tests {
             BthRepr::new(Opcode::RcSendOnly, 0x101, Psn::new(psn)),
         );
         r.payload_len = payload;
+        r.ip_ident = psn as u16;
         let mut buf = vec![0u8; 9000];
         let n = r.emit(&mut buf, |p| p.fill(psn as u8)).unwrap();
         buf.truncate(n);
         buf
     }
 
+    /// The frames staged for port 0: odd ones copied into their buffers, even ones
+    /// committed as queued frames.
     fn stage(frames: &[Vec<u8>]) -> (TxStaging, Vec<(usize, usize)>) {
         let mut tx = TxStaging::new(64, 9216);
-        for f in frames {
-            tx.buffer().unwrap()[..f.len()].copy_from_slice(f);
-            tx.commit(0, f.len(), 1);
+        for (k, f) in frames.iter().enumerate() {
+            if k % 2 == 0 {
+                tx.commit_queued(0, QueuedFrame::from(f.clone()), 1);
+            } else {
+                tx.buffer().unwrap()[..f.len()].copy_from_slice(f);
+                tx.commit(0, f.len(), 1);
+            }
         }
         let staged = tx.port_frames(0).map(|(i, f)| (i, f.len())).collect();
         (tx, staged)
@@ -917,6 +945,14 @@ mod tests {
         frames.push(frame(10, 4096, 0xc002));
         let (tx, staged) = stage(&frames);
         assert_eq!(gso_runs(&tx, &staged), [3, 2, 2]);
+        // IPv4 IDs that do not count up (PSN gap, or a retransmission behind newer
+        // frames) end a run: the segmentation would give the next another ID.
+        let frames = [full(7), full(8), full(10), full(11), full(3), full(4)];
+        let (tx, staged) = stage(&frames);
+        assert_eq!(gso_runs(&tx, &staged), [2, 2, 2]);
+        let wrap = [full(0xffff), full(0x1_0000), full(0x1_0001)];
+        let (tx, staged) = stage(&wrap);
+        assert_eq!(gso_runs(&tx, &staged), [3], "IDs wrap with the PSN's low 16 bits");
         // Not UDP: alone.
         let mut arp = vec![0u8; 60];
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
@@ -924,41 +960,47 @@ mod tests {
         assert_eq!(gso_runs(&tx, &staged), [1, 1]);
     }
 
+    /// The GSO frame of a run as the kernel gets it (without the virtio-net header):
+    /// the run's headers, the first frame's UDP payload, then the others'.
+    fn gso_frame(tx: &TxStaging, staged: &[(usize, usize)]) -> (VirtioNetHdr, Vec<u8>) {
+        let payload = staged.iter().map(|&(_, len)| len - UDP_PAYLOAD_AT).sum();
+        let (hdr, headers) = gso_run_headers(tx.frame_at(staged[0].0, staged[0].1), payload);
+        let mut gso = headers.to_vec();
+        for &(i, len) in staged {
+            gso.extend_from_slice(&tx.frame_at(i, len)[UDP_PAYLOAD_AT..]);
+        }
+        (hdr, gso)
+    }
+
     #[test]
-    fn segments_of_a_stamped_run_are_the_original_frames_with_valid_icrcs() {
-        let mut frames: Vec<Vec<u8>> = (0..5).map(|p| frame(p, 4096, 0xc001)).collect();
-        frames.push(frame(5, 1000, 0xc001));
-        let (mut tx, staged) = stage(&frames);
-        let hdr = stamp_gso_run(&mut tx, &staged);
+    fn segments_of_a_run_are_the_original_frames_with_valid_icrcs() {
+        let mut frames: Vec<Vec<u8>> = (0..5).map(|p| frame(p + 300, 4096, 0xc001)).collect();
+        frames.push(frame(305, 1000, 0xc001));
+        let (tx, staged) = stage(&frames);
+        assert_eq!(gso_runs(&tx, &staged), [6]);
+        let (hdr, gso) = gso_frame(&tx, &staged);
         assert_eq!(
             (hdr.flags, hdr.gso_type, hdr.hdr_len, hdr.gso_size, hdr.csum_start, hdr.csum_offset),
             (VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_UDP_L4, 42, 4112, 34, 6)
         );
-        // The GSO frame as the kernel gets it: first frame, then the others' payloads.
-        let mut gso = tx.frame_at(staged[0].0, staged[0].1).to_vec();
-        for &(i, len) in &staged[1..] {
-            gso.extend_from_slice(&tx.frame_at(i, len)[UDP_PAYLOAD_AT..]);
-        }
         assert_eq!(u16::from_be_bytes([gso[16], gso[17]]) as usize, gso.len() - 14);
         assert_eq!(inc_wire::ipv4::internet_checksum(&gso[14..34]), 0, "IPv4 checksum");
         for (k, original) in frames.iter().enumerate() {
             let seg = segment(&gso, 4112, k);
             assert_eq!(seg.len(), original.len());
-            assert!(inc_wire::icrc::verify(&seg[14..]), "segment {k}: ICRC for ID {k}");
-            assert_eq!(seg[42..seg.len() - 4], original[42..original.len() - 4], "payload {k}");
+            assert_eq!(u16::from_be_bytes([seg[18], seg[19]]), 300 + k as u16, "IPv4 ID");
+            assert!(inc_wire::icrc::verify(&seg[14..]), "segment {k}: ICRC as stamped");
+            assert_eq!(seg[42..], original[42..], "UDP payload {k}");
         }
+        assert_eq!(tx.frame_at(staged[0].0, staged[0].1), &frames[0][..], "first frame untouched");
     }
 
     #[test]
     fn a_received_gso_frame_is_split_into_the_frames_sent() {
         let mut frames: Vec<Vec<u8>> = (0..4).map(|p| frame(p, 4096, 0xc001)).collect();
         frames.push(frame(4, 1500, 0xc001));
-        let (mut tx, staged) = stage(&frames);
-        let hdr = stamp_gso_run(&mut tx, &staged);
-        let mut gso = tx.frame_at(staged[0].0, staged[0].1).to_vec();
-        for &(i, len) in &staged[1..] {
-            gso.extend_from_slice(&tx.frame_at(i, len)[UDP_PAYLOAD_AT..]);
-        }
+        let (tx, staged) = stage(&frames);
+        let (hdr, mut gso) = gso_frame(&tx, &staged);
         let mut c = PortCounters::default();
         let mut got = Vec::new();
         let n = split_gso_frame(&mut gso, hdr.gso_size.into(), 3, &mut c, &mut |port, f| {
@@ -967,13 +1009,8 @@ mod tests {
         });
         assert_eq!((n, got.len(), c.rx_packets), (5, 5, 5));
         for (k, (seg, original)) in got.iter().zip(&frames).enumerate() {
-            assert_eq!(seg.len(), original.len(), "segment {k}");
-            assert_eq!(u16::from_be_bytes([seg[18], seg[19]]), k as u16, "IPv4 ID");
-            assert_eq!(inc_wire::ipv4::internet_checksum(&seg[14..34]), 0, "IPv4 checksum");
+            assert_eq!(seg, original, "segment {k}");
             assert!(inc_wire::icrc::verify(&seg[14..]), "segment {k}: ICRC");
-            assert_eq!(seg[..18], original[..18]);
-            assert_eq!(seg[20..24], original[20..24]);
-            assert_eq!(seg[26..seg.len() - 4], original[26..original.len() - 4]);
         }
     }
 

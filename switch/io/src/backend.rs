@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use inc_protocol::QueuedFrame;
 use serde::Serialize;
 
 /// Errors of packet I/O backends. Each names the interface (and namespace) at fault.
@@ -181,6 +182,15 @@ pub trait Backend: Send + fmt::Debug {
     /// [`Backend::tx_buffer`] for transmission on `port`.
     fn commit_tx(&mut self, port: usize, len: usize);
 
+    /// Queue a connection's queued request `frame` for transmission on `port`. Like
+    /// [`Backend::commit_tx`], only after [`Backend::tx_buffer`] returned a buffer. A
+    /// backend that can send the bytes where they are keeps the frame until
+    /// [`Backend::flush`] (AF_PACKET hands them to the kernel, in-process links to the
+    /// other port) instead of copying it into that buffer, as the others do.
+    fn commit_frame(&mut self, port: usize, frame: QueuedFrame) {
+        commit_frame_by_copy(self, port, &frame);
+    }
+
     /// Send every queued frame. Returns the number of frames sent.
     fn flush(&mut self) -> Result<usize, IoError>;
 
@@ -312,23 +322,48 @@ mod rx_rotation_tests {
     }
 }
 
+/// [`Backend::commit_frame`] of a backend that copies: `frame` into the transmit
+/// buffer, committed there.
+pub(crate) fn commit_frame_by_copy<B: Backend + ?Sized>(
+    backend: &mut B,
+    port: usize,
+    frame: &[u8],
+) {
+    let Some(buf) = backend.tx_buffer() else {
+        debug_assert!(false, "commit_frame without a tx_buffer");
+        return;
+    };
+    let len = frame.len().min(buf.len());
+    buf[..len].copy_from_slice(&frame[..len]);
+    backend.commit_tx(port, len);
+}
+
 /// The transmit half of the [`Backend`] batch API for backends that copy frames out
 /// (AF_PACKET, pcap, AF_XDP, memory): `batch` buffers of `max_frame` bytes in one
 /// area, handed out in order by [`TxStaging::buffer`], and the port and length of each
 /// committed one. The backend's `flush` reads [`TxStaging::frames`] and hands them to
-/// its kernel or driver call, then calls [`TxStaging::clear`].
+/// its kernel or driver call, then calls [`TxStaging::clear`]. A backend that sends
+/// queued frames where they are ([`Backend::commit_frame`]) commits them with
+/// [`TxStaging::commit_queued`]: they take a place in the batch, not their buffer.
 #[derive(Debug)]
 pub(crate) struct TxStaging {
     area: Vec<u8>,
     max_frame: usize,
     /// Committed frames: (port, len); buffer index = position.
     queue: Vec<(usize, usize)>,
+    /// By buffer index: the frame committed as it is, if it was.
+    queued: Vec<Option<QueuedFrame>>,
 }
 
 impl TxStaging {
     /// `batch` buffers of `max_frame` bytes each.
     pub(crate) fn new(batch: usize, max_frame: usize) -> Self {
-        TxStaging { area: vec![0; batch * max_frame], max_frame, queue: Vec::with_capacity(batch) }
+        TxStaging {
+            area: vec![0; batch * max_frame],
+            max_frame,
+            queue: Vec::with_capacity(batch),
+            queued: Vec::with_capacity(batch),
+        }
     }
 
     /// The next free buffer, or `None` when every buffer holds a committed frame.
@@ -341,9 +376,32 @@ impl TxStaging {
     /// out for `port`, one of `n_ports`. Returns true when this filled the batch (the
     /// backend counts that in `tx_batch_full` of `port`).
     pub(crate) fn commit(&mut self, port: usize, len: usize, n_ports: usize) -> bool {
+        self.push(port, len.min(self.max_frame), None, n_ports)
+    }
+
+    /// Commit `frame` for `port` as it is, in the place of the buffer last handed out
+    /// (which stays unused). Returns true when this filled the batch.
+    pub(crate) fn commit_queued(
+        &mut self,
+        port: usize,
+        frame: QueuedFrame,
+        n_ports: usize,
+    ) -> bool {
+        let len = frame.len().min(self.max_frame);
+        self.push(port, len, Some(frame), n_ports)
+    }
+
+    fn push(
+        &mut self,
+        port: usize,
+        len: usize,
+        frame: Option<QueuedFrame>,
+        n_ports: usize,
+    ) -> bool {
         assert!(self.queue.len() < self.capacity(), "commit_tx without a tx_buffer");
         assert!(port < n_ports, "commit_tx to port {port} of {n_ports}");
-        self.queue.push((port, len.min(self.max_frame)));
+        self.queue.push((port, len));
+        self.queued.push(frame);
         self.queue.len() == self.capacity()
     }
 
@@ -358,18 +416,16 @@ impl TxStaging {
     }
 
     fn frame(&self, i: usize, len: usize) -> &[u8] {
-        &self.area[i * self.max_frame..i * self.max_frame + len]
+        match &self.queued[i] {
+            Some(frame) => &frame[..len],
+            None => &self.area[i * self.max_frame..i * self.max_frame + len],
+        }
     }
 
     /// Committed frame `i` (buffer index) of `len` bytes, as [`TxStaging::port_frames`]
     /// reported it.
     pub(crate) fn frame_at(&self, i: usize, len: usize) -> &[u8] {
         self.frame(i, len)
-    }
-
-    /// The same, writable (a backend re-stamping headers before it sends).
-    pub(crate) fn frame_at_mut(&mut self, i: usize, len: usize) -> &mut [u8] {
-        &mut self.area[i * self.max_frame..i * self.max_frame + len]
     }
 
     /// Frames committed since the last [`TxStaging::clear`].
@@ -385,6 +441,7 @@ impl TxStaging {
     /// Forget the committed frames (after the flush sent or dropped them).
     pub(crate) fn clear(&mut self) {
         self.queue.clear();
+        self.queued.clear();
     }
 
     fn capacity(&self) -> usize {

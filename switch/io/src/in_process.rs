@@ -6,18 +6,42 @@
 //! read it back from the other costs a system call, an skb, a copy into the receive
 //! ring and a wake-up per frame, on the thread that is the emulator's bottleneck. The
 //! middleware moves such frames from one port's transmit to the other port's receive
-//! queue with one copy. Everything above it sees the same frames on the same ports in
+//! queue: a connection's queued request as it is ([`Backend::commit_frame`]), anything
+//! else with one copy. Everything above it sees the same frames on the same ports in
 //! the same order; what is lost is only the frames' passage over the interface
 //! (`tcpdump` on the link sees none; `inc-switch --capture` still records them).
 
 use std::collections::VecDeque;
+use std::ops::Deref;
 use std::time::Duration;
+
+use inc_protocol::QueuedFrame;
 
 use crate::backend::{Backend, IoError, PortCounters, PortDesc, Waker};
 
 /// Most frames in flight on all in-process links together; more are dropped (and
 /// counted as the receiving port's `rx_dropped`), as a full receive ring would.
 const QUEUE_LIMIT: usize = 8192;
+
+/// A frame on an in-process link.
+#[derive(Debug)]
+enum InFlight {
+    /// Copied out of the transmit buffer (ACKs, ARP).
+    Copied(Vec<u8>),
+    /// A request, shared with its connection's send queue.
+    Queued(QueuedFrame),
+}
+
+impl Deref for InFlight {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            InFlight::Copied(v) => v,
+            InFlight::Queued(f) => f,
+        }
+    }
+}
 
 #[derive(Debug, Default, Clone, Copy)]
 struct LinkCounters {
@@ -36,7 +60,7 @@ pub struct InProcessLinks<B> {
     /// `peer[p]`: the port at the other end of port `p`'s in-process link.
     peer: Vec<Option<usize>>,
     /// Frames on their way: (receiving port, frame).
-    queue: VecDeque<(usize, Vec<u8>)>,
+    queue: VecDeque<(usize, InFlight)>,
     /// Buffers of delivered frames, reused.
     pool: Vec<Vec<u8>>,
     /// Frames committed to the queue since the last flush.
@@ -80,6 +104,22 @@ impl<B: Backend> InProcessLinks<B> {
     }
 }
 
+impl<B> InProcessLinks<B> {
+    /// Counts a `len`-byte frame sent on `port` towards `to`; false (and a drop counted
+    /// at `to`) when the links' queue is full.
+    fn count_and_admit(&mut self, port: usize, to: usize, len: usize) -> bool {
+        let c = &mut self.counters[port];
+        c.tx_packets += 1;
+        c.tx_bytes += len as u64;
+        self.unflushed += 1;
+        if self.queue.len() >= QUEUE_LIMIT {
+            self.counters[to].rx_dropped += 1;
+            return false;
+        }
+        true
+    }
+}
+
 /// The port at the other end of `port`'s in-process link, if it has one.
 fn peer_of(peer: &[Option<usize>], port: usize) -> Option<usize> {
     peer.get(port).copied().flatten()
@@ -106,7 +146,9 @@ impl<B: Backend> Backend for InProcessLinks<B> {
             c.rx_packets += 1;
             c.rx_bytes += frame.len() as u64;
             sink(port, &frame);
-            self.pool.push(frame);
+            if let InFlight::Copied(buf) = frame {
+                self.pool.push(buf);
+            }
             n += 1;
         }
         if n >= budget {
@@ -139,20 +181,24 @@ impl<B: Backend> Backend for InProcessLinks<B> {
         };
         // The contract: until committed, tx_buffer returns the same buffer again, so
         // the frame stays where the caller wrote it and the buffer is free for the next.
-        let Some(buf) = self.inner.tx_buffer() else { return };
-        let frame = &buf[..len.min(buf.len())];
-        let c = &mut self.counters[port];
-        c.tx_packets += 1;
-        c.tx_bytes += frame.len() as u64;
-        self.unflushed += 1;
-        if self.queue.len() >= QUEUE_LIMIT {
-            self.counters[to].rx_dropped += 1;
+        let Some(len) = self.inner.tx_buffer().map(|buf| len.min(buf.len())) else { return };
+        if !self.count_and_admit(port, to, len) {
             return;
         }
+        let Some(buf) = self.inner.tx_buffer() else { return };
         let mut copy = self.pool.pop().unwrap_or_default();
         copy.clear();
-        copy.extend_from_slice(frame);
-        self.queue.push_back((to, copy));
+        copy.extend_from_slice(&buf[..len]);
+        self.queue.push_back((to, InFlight::Copied(copy)));
+    }
+
+    fn commit_frame(&mut self, port: usize, frame: QueuedFrame) {
+        let Some(to) = peer_of(&self.peer, port) else {
+            return self.inner.commit_frame(port, frame);
+        };
+        if self.count_and_admit(port, to, frame.len()) {
+            self.queue.push_back((to, InFlight::Queued(frame)));
+        }
     }
 
     fn flush(&mut self) -> Result<usize, IoError> {
@@ -268,6 +314,28 @@ mod tests {
         assert_eq!((c1.tx_packets, c1.rx_packets, c1.tx_bytes), (2, 1, 6));
         assert!(b.port_detail(1).unwrap().contains("p2"));
         assert_eq!(b.port_detail(0), None);
+    }
+
+    /// Queued frames cross a link as they are (the receiving side reads the sender's
+    /// bytes), interleaved in order with copied ones; towards the wire they are
+    /// copied into the inner backend's buffers.
+    #[test]
+    fn queued_frames_cross_links_without_a_copy_and_reach_the_wire() {
+        let (mut b, net) = backend(3);
+        let queued = QueuedFrame::from(b"queued".to_vec());
+        let at = queued.as_ptr();
+        b.tx_buffer().unwrap();
+        b.commit_frame(1, queued.clone());
+        send(&mut b, 1, b"copied");
+        b.tx_buffer().unwrap();
+        b.commit_frame(0, QueuedFrame::from(b"to the wire".to_vec()));
+        assert_eq!(b.flush().unwrap(), 3);
+        assert_eq!(net.drain(), vec![(0, b"to the wire".to_vec())]);
+        let mut got = Vec::new();
+        b.recv_batch(usize::MAX, &mut |p, f| got.push((p, f.as_ptr() == at, f.to_vec()))).unwrap();
+        assert_eq!(got, vec![(2, true, b"queued".to_vec()), (2, false, b"copied".to_vec())]);
+        let c1 = b.port_counters(1);
+        assert_eq!((c1.tx_packets, c1.tx_bytes), (2, 12));
     }
 
     /// Linked ports deliver only what the process sent them, so their frames are

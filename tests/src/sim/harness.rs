@@ -10,8 +10,8 @@ use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig, SwitchEven
 use std::net::Ipv4Addr;
 
 use inc_wire::{
-    icrc, ArpOperation, ArpPacket, ArpRepr, DataType, EtherType, EthernetAddress, EthernetFrame,
-    EthernetRepr, Ipv4Packet, Operator,
+    icrc, ArpOperation, ArpPacket, ArpRepr, BthPacket, DataType, EtherType, EthernetAddress,
+    EthernetFrame, EthernetRepr, Ipv4Packet, Operator,
 };
 use inccl_engine::{CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
 
@@ -490,8 +490,9 @@ impl Node for HostNode {
 }
 
 /// Checks what every engine frame must be (DESIGN "wire protocol"): ARP, or IPv4 with a
-/// valid header checksum, ID 0, DF, TTL 64, TOS 0, UDP, and a correct ICRC.
-pub fn check_emitted(frame: &[u8]) -> Result<(), String> {
+/// valid header checksum, DF, TTL 64, TOS 0, UDP, a correct ICRC, and as IPv4 ID the
+/// PSN's low 16 bits from a switch (`from_switch`), 0 from a host.
+pub fn check_emitted(frame: &[u8], from_switch: bool) -> Result<(), String> {
     const ETH: usize = 14;
     match frame.get(12..14) {
         Some([0x08, 0x06]) => return Ok(()),
@@ -503,11 +504,19 @@ pub fn check_emitted(frame: &[u8]) -> Result<(), String> {
     if !ip.verify_checksum() {
         return bad("header checksum wrong");
     }
-    if ip.ident() != 0 || !ip.dont_frag() || ip.ttl() != 64 || ip.tos() != 0 {
-        return bad("ID/DF/TTL/TOS differ from 0/DF/64/0");
+    if !ip.dont_frag() || ip.ttl() != 64 || ip.tos() != 0 {
+        return bad("DF/TTL/TOS differ from DF/64/0");
     }
     if ip.protocol() != 17 {
         return bad("protocol is not UDP");
+    }
+    let bth = frame
+        .get(ETH + 28..)
+        .and_then(|b| BthPacket::new_checked(b).ok())
+        .ok_or("no BTH behind the UDP header")?;
+    let ident = if from_switch { inc_protocol::frame::psn_ident(bth.psn()) } else { 0 };
+    if ip.ident() != ident {
+        return Err(format!("IPv4 ID {} where {ident} belongs (PSN {})", ip.ident(), bth.psn()));
     }
     let total = usize::from(ip.total_len());
     if ETH + total != frame.len() {
@@ -563,7 +572,7 @@ impl Node for SimNode {
     }
     fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<(usize, usize)> {
         let (port, len) = self.node().poll_transmit(now, buf)?;
-        if let Err(e) = check_emitted(&buf[..len]) {
+        if let Err(e) = check_emitted(&buf[..len], matches!(self, SimNode::Switch(_))) {
             let who = match self {
                 SimNode::Switch(s) => format!("switch {} port {port}", s.name),
                 SimNode::Host(h) => format!("host {}", h.name),
@@ -617,6 +626,6 @@ mod tests {
         assert_eq!(reply.operation, ArpOperation::Reply);
         assert_eq!(reply.source_hardware_addr, host_mac(&topo, 1));
         assert_eq!(reply.target_hardware_addr, switch_mac);
-        assert!(check_emitted(&buf[..ARP_FRAME_LEN]).is_ok());
+        assert!(check_emitted(&buf[..ARP_FRAME_LEN], true).is_ok());
     }
 }

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use inc_ctrl_proto::{HostEndpoint, RankEndpoint};
 use inc_protocol::Time;
 use inc_wire::{
-    EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Ipv4Packet, Ipv4Repr, UdpPacket,
-    UdpRepr,
+    BthPacket, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Ipv4Packet, Ipv4Repr,
+    UdpPacket, UdpRepr,
 };
 use inccl_engine::{CollectiveSpec, HostEngine, HostOptions, HostQpConfig, OpBuffers};
 use nix::poll::PollFlags;
@@ -271,17 +271,19 @@ impl RoceSocket {
     }
 
     /// Receive every queued datagram without blocking; datagrams from `from_ip` are
-    /// given Ethernet/IPv4/UDP headers (source MAC `peer_mac`) and handed to `handle`
-    /// as complete frames, others are dropped. Returns frames handled.
+    /// given Ethernet/IPv4/UDP headers (source MAC `peer_mac`, IPv4 IDs as `rule`
+    /// says that sender stamps them) and handed to `handle` as complete frames, others
+    /// are dropped. Returns frames handled.
     pub fn recv_frames(
         &mut self,
         from_ip: Ipv4Addr,
         peer_mac: EthernetAddress,
+        rule: IdentRule,
         mut handle: impl FnMut(&[u8]),
     ) -> io::Result<usize> {
         let (local, mac) = (self.local, self.mac);
         self.recv_datagrams(|from, ident, frame| {
-            if !accept_frame(frame, from, ident, local, from_ip, peer_mac, mac) {
+            if !accept_frame(frame, from, ident, rule, local, from_ip, peer_mac, mac) {
                 return false;
             }
             handle(frame);
@@ -292,10 +294,11 @@ impl RoceSocket {
     /// Receive every queued datagram without blocking and give each to `handle` with
     /// the IPv4 ID it had on the wire and [`HEADERS`] bytes of headroom in front
     /// (`frame[HEADERS..]` is the datagram); `handle` returns false for a datagram it
-    /// drops. A UDP GRO datagram (several frames a switch sent as one GSO frame) is
-    /// handed over one segment at a time, segment `k` with ID `k` (what the kernel
-    /// gives it when it cuts such a frame itself), its headroom written over the tail
-    /// of segment `k - 1`, which `handle` has finished with. Returns datagrams taken.
+    /// drops. A UDP GRO datagram (several frames sent as one GSO frame) is handed over
+    /// one segment at a time, segment `k` with ID `k` (what a host's kernel gives it
+    /// when it cuts such a frame itself; a switch's frames carry their own, see
+    /// [`IdentRule`]), its headroom written over the tail of segment `k - 1`, which
+    /// `handle` has finished with. Returns datagrams taken.
     fn recv_datagrams(
         &mut self,
         mut handle: impl FnMut(SocketAddrV4, u16, &mut [u8]) -> bool,
@@ -348,33 +351,55 @@ fn bind_socket(ip: Ipv4Addr, port: u16) -> io::Result<UdpSocket> {
     let sock = UdpSocket::bind(SocketAddrV4::new(ip, port))?;
     sys::set_pmtudisc_do(sock.as_fd())?;
     if let Err(e) = sys::set_udp_gro(sock.as_fd()) {
-        // Before Linux 5.0. GSO frames from an af_packet switch would then arrive cut
-        // into datagrams whose IPv4 IDs this socket cannot see, and fail the ICRC
-        // check; frames sent one by one (every other backend) are unaffected.
-        tracing::warn!(%ip, error = %e, "UDP_GRO unavailable: GSO frames from a switch will fail the ICRC check");
+        // Before Linux 5.0. A switch's GSO frames still check when the kernel cuts them
+        // (their IPv4 IDs follow their PSNs); a host peer's (inccl-p2p-bench) arrive cut
+        // into datagrams whose IDs this socket cannot see, and fail the ICRC check.
+        tracing::warn!(%ip, error = %e, "UDP_GRO unavailable: GSO sends of a host peer will fail the ICRC check");
     }
     sys::set_buffers(sock.as_fd(), RCVBUF, SNDBUF);
     sock.set_nonblocking(true)?;
     Ok(sock)
 }
 
-/// Check that a received datagram comes from the switch and give it the headers it had
-/// on the wire. A switch sends from a per-connection source port (not 4791): only its
-/// address identifies it; the engine checks the QPN and the ICRC.
+/// How the sender of a datagram chose its IPv4 ID, which the ICRC covers and a UDP
+/// socket does not show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentRule {
+    /// A host's kernel (an unconnected socket with DF): 0, or `k` for segment `k` of
+    /// one UDP GSO send.
+    Kernel,
+    /// A switch: the low 16 bits of the frame's PSN
+    /// ([`inc_protocol::frame::psn_ident`]), whatever batch it travelled in.
+    Psn,
+}
+
+/// Check that a received datagram comes from `peer_ip` (the switch) and give it the
+/// headers it had on the wire; `segment` is its number in the datagram it arrived in.
+/// A switch sends from a per-connection source port (not 4791): only its address
+/// identifies it; the engine checks the QPN and the ICRC.
+#[allow(clippy::too_many_arguments)]
 fn accept_frame(
     frame: &mut [u8],
     from: SocketAddrV4,
-    ident: u16,
+    segment: u16,
+    rule: IdentRule,
     local: SocketAddrV4,
-    switch_ip: Ipv4Addr,
-    switch_mac: EthernetAddress,
+    peer_ip: Ipv4Addr,
+    peer_mac: EthernetAddress,
     mac: EthernetAddress,
 ) -> bool {
-    if *from.ip() != switch_ip {
+    if *from.ip() != peer_ip {
         trace!(%from, "datagram not from the switch dropped");
         return false;
     }
-    rebuild_headers(frame, from, local, ident, switch_mac, mac).is_ok()
+    let ident = match rule {
+        IdentRule::Kernel => segment,
+        IdentRule::Psn => match BthPacket::new_checked(&frame[HEADERS..]) {
+            Ok(bth) => inc_protocol::frame::psn_ident(bth.psn()),
+            Err(_) => return false,
+        },
+    };
+    rebuild_headers(frame, from, local, ident, peer_mac, mac).is_ok()
 }
 
 /// The QP state shared by the caller's thread (inside collectives) and the progress
@@ -413,7 +438,9 @@ impl Core {
         let (local, mac, switch_ip) = (io.local, io.mac, *switch.ip());
         let mut handled = 0;
         for mut f in qp.take_forwarded() {
-            if accept_frame(&mut f.frame, f.from, f.ident, local, switch_ip, *switch_mac, mac) {
+            let rule = IdentRule::Psn;
+            if accept_frame(&mut f.frame, f.from, f.ident, rule, local, switch_ip, *switch_mac, mac)
+            {
                 engine.handle_frame(now, &f.frame, bufs);
                 handled += 1;
             }
@@ -422,7 +449,8 @@ impl Core {
             if !qp.is_mine(from, ident, frame) {
                 return true;
             }
-            if !accept_frame(frame, from, ident, local, switch_ip, *switch_mac, mac) {
+            if !accept_frame(frame, from, ident, IdentRule::Psn, local, switch_ip, *switch_mac, mac)
+            {
                 return false;
             }
             engine.handle_frame(now, frame, bufs);

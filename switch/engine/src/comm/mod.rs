@@ -27,7 +27,7 @@ use inc_protocol::{earliest, Inbound, RcAddressing, RcConfig, RcConnection, Time
 use inc_wire::icrc::PayloadCrc;
 use inc_wire::{EthernetAddress, Psn, RoceRepr};
 
-use crate::{CommCounters, ConnCounters, SwitchEngineConfig, SwitchEvent, Transmit};
+use crate::{CommCounters, ConnCounters, SwitchEngineConfig, SwitchEvent, TransmitFrame};
 use collective::{Collective, ExpectedData};
 use mask::ChildMask;
 use slots::SlotPool;
@@ -145,6 +145,7 @@ impl Comm {
                         peer_ip: c.peer_ip,
                         peer_udp_port: c.peer_udp_port,
                         peer_qpn: c.peer_qpn,
+                        psn_ident: true,
                     },
                     send_start_psn: Psn::new(c.local_start_psn),
                     recv_start_psn: Psn::new(c.peer_start_psn),
@@ -227,9 +228,9 @@ impl Comm {
         now: Time,
         conn: usize,
         buf: &mut [u8],
-    ) -> Option<Transmit> {
+    ) -> Option<TransmitFrame> {
         let c = &mut self.conns[conn];
-        c.rc.poll_transmit(now, buf).map(|len| Transmit { port: c.port, len })
+        c.rc.poll_transmit_frame(now, buf).map(|frame| TransmitFrame { port: c.port, frame })
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Time> {

@@ -139,6 +139,7 @@ fn host_side(net: &Net, rank: usize) -> (inc_protocol::RcAddressing, inc_wire::P
         peer_ip: c.switch_ip,
         peer_udp_port: 4791,
         peer_qpn: c.switch_qpn,
+        psn_ident: false,
     };
     (addr, inc_wire::Psn::new(c.local_start_psn))
 }

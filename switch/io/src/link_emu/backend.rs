@@ -2,11 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use inc_protocol::Time;
+use inc_protocol::{QueuedFrame, Time};
 use serde::Serialize;
 
 use super::{seed_for, Impairments, LinkEmu, LinkEmuCounters, PortLinkEmu, Verdict};
-use crate::backend::{Backend, IoError, PortCounters, PortDesc, Waker};
+use crate::backend::{commit_frame_by_copy, Backend, IoError, PortCounters, PortDesc, Waker};
 
 /// Settings and counters of one direction, for the stats endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -189,6 +189,15 @@ impl<B: Backend> Backend for LinkEmuBackend<B> {
         if tx.offer(now, &mut buf[..len]) == Verdict::Send {
             inner.commit_tx(port, len);
         }
+    }
+
+    fn commit_frame(&mut self, port: usize, frame: QueuedFrame) {
+        let emulated = self.active && self.ports.get(port).is_some_and(|d| d.tx.is_some());
+        if !emulated {
+            return self.inner.commit_frame(port, frame);
+        }
+        // The emulation may corrupt or hold the frame: it works on a copy.
+        commit_frame_by_copy(self, port, &frame);
     }
 
     fn flush(&mut self) -> Result<usize, IoError> {
