@@ -138,6 +138,15 @@ impl PayloadCrc {
         Self { crc: h.finalize(), payload_len: payload.len() }
     }
 
+    /// The CRC of a received frame's payload (and pad) read off its ICRC, without a pass
+    /// over the payload: the inverse of [`with_payload_crc`]. `ip_to_headers_end` are
+    /// the frame's headers as for [`with_payload_crc`]; `icrc` must be the frame's
+    /// correct ICRC (verified, or of a frame known intact), or the result is wrong.
+    pub fn from_icrc(icrc: u32, ip_to_headers_end: &[u8], payload_len: usize) -> Self {
+        let covered = payload_len + pad_len(payload_len);
+        Self { crc: icrc ^ shift_zeros(compute(ip_to_headers_end), covered), payload_len }
+    }
+
     /// Length of the payload (without the pad) this CRC was computed over.
     pub fn payload_len(&self) -> usize {
         self.payload_len
@@ -414,6 +423,7 @@ mod tests {
             let pc = PayloadCrc::new(&payload);
             prop_assert_eq!(pc.payload_len(), payload.len());
             prop_assert_eq!(with_payload_crc(&headers, &pc), compute(&frame));
+            prop_assert_eq!(PayloadCrc::from_icrc(compute(&frame), &headers, payload.len()), pc);
         }
 
         #[test]

@@ -14,6 +14,7 @@ use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::{Peer, SwitchRules, VALID_MTUS};
 use inc_protocol::{earliest, Outgoing, RcCounters, RcTimers, Time};
+use inc_wire::ethernet::ETHERNET_HEADER_LEN;
 use inc_wire::{
     ArpOperation, ArpPacket, ArpRepr, EtherType, EthernetAddress, EthernetFrame, EthernetRepr,
     Opcode, RoceRepr,
@@ -467,7 +468,11 @@ impl SwitchEngine {
             }
         }
         comm.learn_mac(conn, packet.eth.src);
-        comm.handle_packet(now, conn, packet, parsed.payload, &mut self.events);
+        let crc_source = comm::FrameCrc {
+            headers: &frame[ETHERNET_HEADER_LEN..packet.payload_offset()],
+            icrc: parsed.icrc,
+        };
+        comm.handle_packet(now, conn, packet, parsed.payload, crc_source, &mut self.events);
     }
 
     fn handle_arp(&mut self, port: usize, src_mac: EthernetAddress, payload: &[u8]) {

@@ -109,7 +109,7 @@ impl Comm {
         self.conns[conn].rx_data += 1;
         // Cannot be an RNR: the slot was free (or held this chunk's position) above,
         // and the Start only ever frees slots.
-        self.on_data(conn, chunk, events)
+        self.on_data(conn, chunk, None, events)
     }
 
     fn on_start(

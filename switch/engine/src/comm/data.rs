@@ -8,14 +8,17 @@ use inc_protocol::coll;
 use super::collective::ExpectedData;
 use super::failure::Verdict;
 use super::slots::Contribution;
-use super::{shared_crc, Comm, Disposition};
+use super::{shared_crc, Comm, Disposition, FrameCrc};
 use crate::SwitchEvent;
 
 impl Comm {
+    /// A data chunk from `conn`; `crc_source` when `payload` is the whole payload of
+    /// its frame (not a chunk behind a control header).
     pub(super) fn on_data(
         &mut self,
         conn: usize,
         payload: &[u8],
+        crc_source: Option<FrameCrc<'_>>,
         events: &mut VecDeque<SwitchEvent>,
     ) -> Disposition {
         let Some(&expected) = self.conns[conn].expected.front() else {
@@ -46,7 +49,7 @@ impl Comm {
             return Disposition::Accept;
         }
         if Some(conn) == self.parent {
-            self.on_parent_data(conn, coll_idx, payload)
+            self.on_parent_data(conn, coll_idx, payload, crc_source)
         } else {
             self.on_child_data(conn, coll_idx, expected, payload)
         }
@@ -102,7 +105,13 @@ impl Comm {
         Disposition::Accept
     }
 
-    fn on_parent_data(&mut self, conn: usize, coll_idx: usize, payload: &[u8]) -> Disposition {
+    fn on_parent_data(
+        &mut self,
+        conn: usize,
+        coll_idx: usize,
+        payload: &[u8],
+        crc_source: Option<FrameCrc<'_>>,
+    ) -> Disposition {
         let roles = self.collectives[coll_idx].roles;
         if roles
             .down_to_children
@@ -112,7 +121,11 @@ impl Comm {
             self.counters.backpressure_rnr += 1;
             return Disposition::Rnr;
         }
-        let crc = shared_crc(payload, roles.down_to_children.len());
+        let fan_out = roles.down_to_children.len();
+        let crc = match crc_source {
+            Some(f) => f.shared(payload, fan_out),
+            None => shared_crc(payload, fan_out),
+        };
         for child in roles.down_to_children.iter() {
             let to = self.child_conn[child];
             let psn = self.conns[to].send_data(payload, crc.as_ref());

@@ -66,6 +66,24 @@ fn shared_crc(data: &[u8], destinations: usize) -> Option<PayloadCrc> {
     (destinations > 1).then(|| PayloadCrc::new(data))
 }
 
+/// What a received frame's ICRC says about its payload: a payload that goes out again
+/// to several connections takes its CRC from here instead of a pass over it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FrameCrc<'a> {
+    /// IPv4 header through the last extension header.
+    pub(crate) headers: &'a [u8],
+    /// The frame's ICRC, checked (or the frame known intact).
+    pub(crate) icrc: u32,
+}
+
+impl FrameCrc<'_> {
+    /// The CRC of `payload`, the whole payload of this frame, for `destinations`
+    /// frames (`None` for one: its ICRC is computed with the frame).
+    fn shared(&self, payload: &[u8], destinations: usize) -> Option<PayloadCrc> {
+        (destinations > 1).then(|| PayloadCrc::from_icrc(self.icrc, self.headers, payload.len()))
+    }
+}
+
 impl Conn {
     fn is_host(&self) -> bool {
         matches!(self.peer, Peer::Host { .. })
@@ -282,6 +300,7 @@ impl Comm {
         conn: usize,
         packet: &RoceRepr,
         payload: &[u8],
+        crc_source: FrameCrc<'_>,
         events: &mut VecDeque<SwitchEvent>,
     ) {
         match self.conns[conn].rc.on_packet(now, &packet.bth, packet.ext.aeth.as_ref()) {
@@ -293,7 +312,7 @@ impl Comm {
                     }
                     None => {
                         self.conns[conn].rx_data += 1;
-                        self.on_data(conn, payload, events)
+                        self.on_data(conn, payload, Some(crc_source), events)
                     }
                 };
                 match disposition {
