@@ -406,7 +406,8 @@ fn deliver(
 
 /// Hand the segments of a received UDP GSO frame to `sink` as the frames they were
 /// sent as: segment `k` gets the first frame's headers with its own lengths, IPv4 ID
-/// (first + `k`, what [`stamp_gso_run`] stamped its ICRC for) and checksums, written
+/// (first + `k`, as segmentation numbers them and the sender stamped its ICRC for) and
+/// checksums, written
 /// in place over the last 42 bytes of segment `k - 1`, which `sink` is done with.
 fn split_gso_frame(
     frame: &mut [u8],
@@ -417,7 +418,7 @@ fn split_gso_frame(
 ) -> usize {
     let mut head = [0u8; UDP_PAYLOAD_AT];
     head.copy_from_slice(&frame[..UDP_PAYLOAD_AT]);
-    let base = u16::from_be_bytes([head[18], head[19]]);
+    let base = ident(&head);
     let payload = frame.len() - UDP_PAYLOAD_AT;
     let mut n = 0;
     for (k, start) in (0..payload).step_by(size).enumerate() {
@@ -924,7 +925,7 @@ mod tests {
         let payload = &gso[UDP_PAYLOAD_AT..];
         let part = &payload[k * size..((k + 1) * size).min(payload.len())];
         let mut f = gso[..UDP_PAYLOAD_AT].to_vec();
-        let base = u16::from_be_bytes([f[18], f[19]]);
+        let base = ident(&f);
         f[16..18].copy_from_slice(&((28 + part.len()) as u16).to_be_bytes());
         f[18..20].copy_from_slice(&base.wrapping_add(k as u16).to_be_bytes());
         f[38..40].copy_from_slice(&((8 + part.len()) as u16).to_be_bytes());

@@ -121,11 +121,7 @@ impl Comm {
             self.counters.backpressure_rnr += 1;
             return Disposition::Rnr;
         }
-        let fan_out = roles.down_to_children.len();
-        let crc = match crc_source {
-            Some(f) => f.shared(payload, fan_out),
-            None => shared_crc(payload, fan_out),
-        };
+        let crc = shared_crc(payload, roles.down_to_children.len(), crc_source);
         for child in roles.down_to_children.iter() {
             let to = self.child_conn[child];
             let psn = self.conns[to].send_data(payload, crc.as_ref());
@@ -164,8 +160,11 @@ impl Comm {
             let op = self.collectives[coll_idx].claim.expect("ready").op;
             let data = self.slots.aggregate(slot, &op, roles.contributors);
             let to_parent = self.parent.filter(|_| roles.up_to_parent);
-            let crc =
-                shared_crc(data, usize::from(to_parent.is_some()) + roles.up_to_children.len());
+            let crc = shared_crc(
+                data,
+                usize::from(to_parent.is_some()) + roles.up_to_children.len(),
+                None,
+            );
             if let Some(parent) = to_parent {
                 self.conns[parent].send_data(data, crc.as_ref());
             }

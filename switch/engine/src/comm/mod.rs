@@ -62,26 +62,27 @@ struct Conn {
 
 /// The CRC of a chunk that goes out on `destinations` connections, when computing it
 /// once beats computing each frame's ICRC over the chunk (two or more).
-fn shared_crc(data: &[u8], destinations: usize) -> Option<PayloadCrc> {
-    (destinations > 1).then(|| PayloadCrc::new(data))
+/// The CRC of `data` when it goes to several `destinations` (`None` for one: its ICRC
+/// is computed with the frame): read off the ICRC of the frame it arrived in when
+/// `data` is that frame's whole payload, hashed otherwise.
+fn shared_crc(
+    data: &[u8],
+    destinations: usize,
+    arrived_in: Option<FrameCrc<'_>>,
+) -> Option<PayloadCrc> {
+    (destinations > 1).then(|| match arrived_in {
+        Some(f) => PayloadCrc::from_icrc(f.icrc, f.headers, data.len()),
+        None => PayloadCrc::new(data),
+    })
 }
 
-/// What a received frame's ICRC says about its payload: a payload that goes out again
-/// to several connections takes its CRC from here instead of a pass over it.
+/// What a received frame's ICRC says about its payload ([`shared_crc`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FrameCrc<'a> {
     /// IPv4 header through the last extension header.
     pub(crate) headers: &'a [u8],
     /// The frame's ICRC, checked (or the frame known intact).
     pub(crate) icrc: u32,
-}
-
-impl FrameCrc<'_> {
-    /// The CRC of `payload`, the whole payload of this frame, for `destinations`
-    /// frames (`None` for one: its ICRC is computed with the frame).
-    fn shared(&self, payload: &[u8], destinations: usize) -> Option<PayloadCrc> {
-        (destinations > 1).then(|| PayloadCrc::from_icrc(self.icrc, self.headers, payload.len()))
-    }
 }
 
 impl Conn {
