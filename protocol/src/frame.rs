@@ -107,16 +107,18 @@ impl RcAddressing {
 
     /// Writes the headers and ICRC of a SEND_ONLY (with immediate when `imm` is set)
     /// request whose `payload_len` payload bytes are already in `buf` at
-    /// [`send_payload_offset`]`(imm)`. Returns the frame length, or `None` if `buf` is
-    /// too small.
+    /// [`send_payload_offset`]`(imm)`; the ICRC derived from `payload_crc` when given.
+    /// Returns the frame length, or `None` if `buf` is too small or `payload_crc`
+    /// covers another length.
     pub fn emit_send_in_place(
         &self,
         buf: &mut [u8],
         psn: Psn,
         imm: Option<u32>,
         payload_len: usize,
+        payload_crc: Option<&PayloadCrc>,
     ) -> Option<usize> {
-        self.send_repr(psn, imm, payload_len).emit(buf, |_| {}).ok()
+        self.send_repr(psn, imm, payload_len).emit_around_payload(buf, payload_crc).ok()
     }
 
     /// A SEND_ONLY request, with immediate when `imm` is set.

@@ -353,6 +353,20 @@ impl RoceRepr {
         self.emit_with(buf, |p| p.copy_from_slice(payload), Some(payload_crc))
     }
 
+    /// Like [`Self::emit`] for a payload already in `buf` at [`Self::payload_offset`];
+    /// with `payload_crc` (its [`icrc::PayloadCrc`]) the ICRC is derived from it instead
+    /// of a pass over the payload. Fails if `payload_crc` covers another length.
+    pub fn emit_around_payload(
+        &self,
+        buf: &mut [u8],
+        payload_crc: Option<&icrc::PayloadCrc>,
+    ) -> Result<usize> {
+        if payload_crc.is_some_and(|c| c.payload_len() != self.payload_len) {
+            return Err(malformed("RoceRepr payload_len", "the payload's CRC has another length"));
+        }
+        self.emit_with(buf, |_| {}, payload_crc)
+    }
+
     fn emit_with(
         &self,
         buf: &mut [u8],
@@ -512,6 +526,29 @@ mod tests {
             if len > 0 {
                 assert!(r.emit_with_payload_crc(&mut b, &payload, &short).is_err());
             }
+        }
+    }
+
+    /// A payload written in place gives the frame `emit` builds, with and without its
+    /// CRC computed beforehand; a CRC of another length is refused.
+    #[test]
+    fn emit_around_payload_matches_emit() {
+        for len in [0usize, 3, 4, 4096] {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let mut r = base(Opcode::RcSendOnly);
+            r.payload_len = len;
+            let mut want = vec![0u8; 4200];
+            let n = r.emit(&mut want, |p| p.copy_from_slice(&payload)).unwrap();
+            let crc = icrc::PayloadCrc::new(&payload);
+            for pc in [None, Some(&crc)] {
+                let mut got = vec![0xFFu8; 4200];
+                let at = r.payload_offset();
+                got[at..at + len].copy_from_slice(&payload);
+                assert_eq!(r.emit_around_payload(&mut got, pc).unwrap(), n);
+                assert_eq!(got[..n], want[..n], "{len} bytes, crc given: {}", pc.is_some());
+            }
+            let other = icrc::PayloadCrc::new(&[0u8; 5]);
+            assert!(r.emit_around_payload(&mut vec![0u8; 4200], Some(&other)).is_err());
         }
     }
 

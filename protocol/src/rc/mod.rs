@@ -144,6 +144,13 @@ impl RcConnection {
         self.queue.front().map(|e| e.psn)
     }
 
+    /// The request queued last, shared (as [`Self::poll_transmit_frame`] hands it out):
+    /// for a caller that sends the same payload on another connection and reads it,
+    /// and its CRC, from the frame already built.
+    pub fn newest_frame(&self) -> Option<QueuedFrame> {
+        self.queue.back().map(|e| e.shared())
+    }
+
     /// Messages queued or in flight (unacknowledged).
     pub fn queued(&self) -> usize {
         self.queue.len()

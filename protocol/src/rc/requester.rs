@@ -82,12 +82,30 @@ impl RcConnection {
         &mut self,
         write: impl FnOnce(&mut [u8]) -> Option<(Option<u32>, usize)>,
     ) -> Result<Option<Psn>, SendError> {
+        self.write_in_place(|area| write(area).map(|(imm, len)| (imm, len, None)))
+    }
+
+    /// [`Self::send_in_place`] for a message without immediate whose writer also hands
+    /// back the CRC of what it wrote ([`PayloadCrc::new`], e.g. computed while the
+    /// bytes are in cache, to send them on other connections too): the frame's ICRC is
+    /// derived from it instead of a pass over the payload.
+    pub fn send_in_place_with_crc(
+        &mut self,
+        write: impl FnOnce(&mut [u8]) -> Option<(usize, PayloadCrc)>,
+    ) -> Result<Option<Psn>, SendError> {
+        self.write_in_place(|area| write(area).map(|(len, crc)| (None, len, Some(crc))))
+    }
+
+    fn write_in_place(
+        &mut self,
+        write: impl FnOnce(&mut [u8]) -> Option<(Option<u32>, usize, Option<PayloadCrc>)>,
+    ) -> Result<Option<Psn>, SendError> {
         self.check_queue_room()?;
         let max = self.cfg.max_payload;
         let mut shared = self.free_buffer();
         let buf = Arc::get_mut(&mut shared).expect("free buffers are unshared");
         let at = frame::send_payload_offset(None);
-        let Some((imm, len)) = write(&mut buf[at..at + max]) else {
+        let Some((imm, len, crc)) = write(&mut buf[at..at + max]) else {
             self.pool.push(shared);
             return Ok(None);
         };
@@ -99,12 +117,14 @@ impl RcConnection {
         if to != at {
             buf.copy_within(at..at + len, to);
         }
-        let len = self
-            .cfg
-            .addr
-            .emit_send_in_place(buf, self.next_psn, imm, len)
-            .expect("the buffer holds the largest frame");
-        Ok(Some(self.push_new(shared, len)))
+        let Some(frame_len) =
+            self.cfg.addr.emit_send_in_place(buf, self.next_psn, imm, len, crc.as_ref())
+        else {
+            self.pool.push(shared);
+            let crc_len = crc.map_or(0, |c| c.payload_len());
+            return Err(SendError::PayloadCrcMismatch { len, crc_len });
+        };
+        Ok(Some(self.push_new(shared, frame_len)))
     }
 
     fn enqueue(
@@ -359,12 +379,12 @@ mod tests {
     #[test]
     fn in_place_and_shared_sends_make_the_frames_send_makes() {
         let payload: Vec<u8> = (0..1021u32).map(|i| (i * 13) as u8).collect();
-        let mut frames = [Vec::new(), Vec::new(), Vec::new()];
+        let mut frames = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         for imm in [None, Some(0xdead_beef)] {
             for len in [0, 1, 4, 1021, 1024] {
                 let payload = &payload[..len.min(payload.len())];
                 let mut conns: Vec<RcConnection> =
-                    (0..3).map(|_| RcConnection::new(cfg(1, 2, 8))).collect();
+                    (0..4).map(|_| RcConnection::new(cfg(1, 2, 8))).collect();
                 conns[0].send(imm, payload).unwrap();
                 conns[1].send_shared(imm, payload, &PayloadCrc::new(payload)).unwrap();
                 assert_eq!(conns[2].send_in_place(|_| None), Ok(None));
@@ -375,6 +395,16 @@ mod tests {
                     })
                     .unwrap();
                 assert_eq!(psn, Some(conns[0].oldest_unacked().unwrap()));
+                if imm.is_none() {
+                    conns[3]
+                        .send_in_place_with_crc(|area| {
+                            area[..payload.len()].copy_from_slice(payload);
+                            Some((payload.len(), PayloadCrc::new(payload)))
+                        })
+                        .unwrap();
+                } else {
+                    conns.pop();
+                }
                 for (c, f) in conns.iter_mut().zip(&mut frames) {
                     let mut buf = vec![0u8; 2048];
                     let n = c.poll_transmit(Time::ZERO, &mut buf).unwrap();
@@ -382,6 +412,9 @@ mod tests {
                 }
                 assert_eq!(frames[0], frames[1], "send_shared, imm {imm:?}, {len} bytes");
                 assert_eq!(frames[0], frames[2], "send_in_place, imm {imm:?}, {len} bytes");
+                if imm.is_none() {
+                    assert_eq!(frames[0], frames[3], "send_in_place_with_crc, {len} bytes");
+                }
                 let parsed = RoceRepr::parse(&frames[2]).unwrap();
                 assert!(parsed.icrc_ok);
                 assert_eq!((parsed.payload, parsed.repr.ext.imm), (payload, imm));
@@ -394,6 +427,10 @@ mod tests {
         );
         assert_eq!(
             c.send_shared(None, b"abcd", &PayloadCrc::new(b"abc")),
+            Err(SendError::PayloadCrcMismatch { len: 4, crc_len: 3 })
+        );
+        assert_eq!(
+            c.send_in_place_with_crc(|_| Some((4, PayloadCrc::new(b"abc")))),
             Err(SendError::PayloadCrcMismatch { len: 4, crc_len: 3 })
         );
         assert_eq!(c.queued(), 0);

@@ -207,6 +207,9 @@ pub struct CommCounters {
     pub collectives_failed: u64,
     /// Chunks completed in the slot pool and sent on.
     pub chunks_aggregated: u64,
+    /// Of those, chunks whose last contribution was combined straight into the frame
+    /// that carries the result on (no combine into the slot and copy out).
+    pub chunks_combined_into_frame: u64,
     /// Chunks received from the parent and sent down.
     pub chunks_down: u64,
     /// Progress messages sent.

@@ -89,16 +89,56 @@ pub fn combine_element(op: Operator, dtype: DataType, a: u32, b: u32) -> u32 {
     }
 }
 
+/// Where a kernel reads its two operands and writes its result: the loop of every
+/// kernel, written once per operand layout and inlined into each build.
+trait Operands {
+    /// Applies `f` (host-order bit patterns) to every whole element pair; returns how
+    /// many.
+    fn zip(self, f: impl Fn(u32, u32) -> u32) -> usize;
+}
+
+/// `acc[i] = acc[i] op other[i]`.
+struct InPlace<'a> {
+    acc: &'a mut [u8],
+    other: &'a [u8],
+}
+
+/// `out[i] = a[i] op b[i]`.
+struct ToOut<'a> {
+    out: &'a mut [u8],
+    a: &'a [u8],
+    b: &'a [u8],
+}
+
 #[inline(always)]
-fn zip_be(acc: &mut [u8], other: &[u8], f: impl Fn(u32, u32) -> u32) -> usize {
-    let mut n = 0;
-    for (a, b) in acc.chunks_exact_mut(4).zip(other.chunks_exact(4)) {
-        let x = u32::from_be_bytes([a[0], a[1], a[2], a[3]]);
-        let y = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-        a.copy_from_slice(&f(x, y).to_be_bytes());
-        n += 1;
+fn load_be(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+impl Operands for InPlace<'_> {
+    #[inline(always)]
+    fn zip(self, f: impl Fn(u32, u32) -> u32) -> usize {
+        let mut n = 0;
+        for (a, b) in self.acc.chunks_exact_mut(4).zip(self.other.chunks_exact(4)) {
+            let v = f(load_be(a), load_be(b));
+            a.copy_from_slice(&v.to_be_bytes());
+            n += 1;
+        }
+        n
     }
-    n
+}
+
+impl Operands for ToOut<'_> {
+    #[inline(always)]
+    fn zip(self, f: impl Fn(u32, u32) -> u32) -> usize {
+        let mut n = 0;
+        let pairs = self.a.chunks_exact(4).zip(self.b.chunks_exact(4));
+        for (o, (a, b)) in self.out.chunks_exact_mut(4).zip(pairs) {
+            o.copy_from_slice(&f(load_be(a), load_be(b)).to_be_bytes());
+            n += 1;
+        }
+        n
+    }
 }
 
 /// `acc[i] = acc[i] op other[i]` over big-endian elements of `dtype`.
@@ -112,37 +152,46 @@ pub fn combine_be(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -
     if let Some(n) = simd_dispatch::combine_be(op, dtype, acc, other) {
         return n;
     }
-    combine_kernels(op, dtype, acc, other)
+    combine_kernels(op, dtype, InPlace { acc, other })
+}
+
+/// `out[i] = a[i] op b[i]`: [`combine_be`] writing its result elsewhere, so that a
+/// switch combines the last contribution straight into the frame that carries the
+/// result on (one pass instead of a combine and a copy). Processes the whole elements
+/// all three slices have in common and returns how many; the same bits as
+/// [`combine_be`] on a copy of `a`.
+pub fn combine_be_into(op: Operator, dtype: DataType, out: &mut [u8], a: &[u8], b: &[u8]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(n) = simd_dispatch::combine_be_into(op, dtype, out, a, b) {
+        return n;
+    }
+    combine_kernels(op, dtype, ToOut { out, a, b })
 }
 
 /// [`combine_be`] built for the compilation target only, whatever the CPU offers: the
 /// reference the run-time dispatched builds must match bit for bit.
 pub fn combine_be_portable(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
-    combine_kernels(op, dtype, acc, other)
+    combine_kernels(op, dtype, InPlace { acc, other })
 }
 
 /// The kernels of [`combine_be`]; always inlined, so each caller (the portable one and
 /// the `target_feature` builds) gets its own code generated for its instruction set.
 #[inline(always)]
-fn combine_kernels(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
+fn combine_kernels(op: Operator, dtype: DataType, operands: impl Operands) -> usize {
     // One monomorphic loop per case so the compiler can keep the hot loop branch-free.
     match (dtype, op) {
         (_, Operator::Barrier) => 0,
-        (DataType::Int32, Operator::Sum) => zip_be(acc, other, |a, b| a.wrapping_add(b)),
-        (DataType::Int32, Operator::Max) => {
-            zip_be(acc, other, |a, b| (a as i32).max(b as i32) as u32)
-        }
-        (DataType::Int32, Operator::Min) => {
-            zip_be(acc, other, |a, b| (a as i32).min(b as i32) as u32)
-        }
+        (DataType::Int32, Operator::Sum) => operands.zip(|a, b| a.wrapping_add(b)),
+        (DataType::Int32, Operator::Max) => operands.zip(|a, b| (a as i32).max(b as i32) as u32),
+        (DataType::Int32, Operator::Min) => operands.zip(|a, b| (a as i32).min(b as i32) as u32),
         (DataType::Float32, Operator::Sum) => {
-            zip_be(acc, other, |a, b| canon(f32::from_bits(a) + f32::from_bits(b)))
+            operands.zip(|a, b| canon(f32::from_bits(a) + f32::from_bits(b)))
         }
         (DataType::Float32, Operator::Max) => {
-            zip_be(acc, other, |a, b| f32_max(f32::from_bits(a), f32::from_bits(b)))
+            operands.zip(|a, b| f32_max(f32::from_bits(a), f32::from_bits(b)))
         }
         (DataType::Float32, Operator::Min) => {
-            zip_be(acc, other, |a, b| f32_min(f32::from_bits(a), f32::from_bits(b)))
+            operands.zip(|a, b| f32_min(f32::from_bits(a), f32::from_bits(b)))
         }
     }
 }
@@ -332,6 +381,30 @@ mod tests {
                 // Bit-identical regardless of operand order.
                 prop_assert_eq!(got, combine_element(op, dtype, *b, *a));
             }
+        }
+
+        /// `combine_be_into` writes what `combine_be` leaves in its accumulator, the
+        /// portable build too, and stops at the shortest of its three slices.
+        #[test]
+        fn into_matches_in_place(
+            op in op_strategy(),
+            dtype in dtype_strategy(),
+            pairs in proptest::collection::vec((element(), element()), 0..80),
+            short in 0usize..3,
+        ) {
+            let a: Vec<u8> = pairs.iter().flat_map(|p| p.0.to_be_bytes()).collect();
+            let b: Vec<u8> = pairs.iter().flat_map(|p| p.1.to_be_bytes()).collect();
+            let mut want = a.clone();
+            let n = combine_be_portable(op, dtype, &mut want, &b);
+            let mut out = vec![0xEEu8; a.len()];
+            prop_assert_eq!(combine_be_into(op, dtype, &mut out, &a, &b), n);
+            prop_assert_eq!(&out, &want);
+            let cut = b.len().saturating_sub(4 * short + 1);
+            let mut out = vec![0xEEu8; a.len()];
+            let m = combine_be_into(op, dtype, &mut out, &a, &b[..cut]);
+            prop_assert_eq!(m, cut / 4);
+            prop_assert_eq!(&out[..4 * m], &want[..4 * m]);
+            prop_assert!(out[4 * m..].iter().all(|&x| x == 0xEE));
         }
 
         #[test]

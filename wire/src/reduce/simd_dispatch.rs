@@ -12,7 +12,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use super::{combine_kernels, convert_kernel, Order};
+use super::{combine_kernels, convert_kernel, InPlace, Operands, Order, ToOut};
 use crate::imm::{DataType, Operator};
 
 /// Instruction-set levels, best last.
@@ -63,7 +63,20 @@ pub(super) fn combine_be(
     acc: &mut [u8],
     other: &[u8],
 ) -> Option<usize> {
-    combine_at(level(), op, dtype, acc, other)
+    combine_at(level(), op, dtype, InPlace { acc, other })
+}
+
+/// [`super::combine_be_into`] on the best build for this CPU; `None` when that is the
+/// portable one.
+#[inline]
+pub(super) fn combine_be_into(
+    op: Operator,
+    dtype: DataType,
+    out: &mut [u8],
+    a: &[u8],
+    b: &[u8],
+) -> Option<usize> {
+    combine_at(level(), op, dtype, ToOut { out, a, b })
 }
 
 /// The build for `level`, which must not exceed [`level()`] (checked: a higher level
@@ -72,30 +85,29 @@ fn combine_at(
     want: Level,
     op: Operator,
     dtype: DataType,
-    acc: &mut [u8],
-    other: &[u8],
+    operands: impl Operands,
 ) -> Option<usize> {
     if want > level() {
         return None;
     }
     match want {
         // Safety: `want <= level()`, and `detect` saw AVX2 on this CPU.
-        Level::Avx2 => Some(unsafe { combine_avx2(op, dtype, acc, other) }),
+        Level::Avx2 => Some(unsafe { combine_avx2(op, dtype, operands) }),
         // Safety: `want <= level()`, and `detect` saw SSSE3 and SSE4.1 on this CPU
         // (AVX2 CPUs have both).
-        Level::Sse41 => Some(unsafe { combine_sse41(op, dtype, acc, other) }),
+        Level::Sse41 => Some(unsafe { combine_sse41(op, dtype, operands) }),
         Level::Portable => None,
     }
 }
 
 #[target_feature(enable = "avx2")]
-fn combine_avx2(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
-    combine_kernels(op, dtype, acc, other)
+fn combine_avx2(op: Operator, dtype: DataType, operands: impl Operands) -> usize {
+    combine_kernels(op, dtype, operands)
 }
 
 #[target_feature(enable = "ssse3,sse4.1")]
-fn combine_sse41(op: Operator, dtype: DataType, acc: &mut [u8], other: &[u8]) -> usize {
-    combine_kernels(op, dtype, acc, other)
+fn combine_sse41(op: Operator, dtype: DataType, operands: impl Operands) -> usize {
+    combine_kernels(op, dtype, operands)
 }
 
 /// [`super::to_network`] / [`super::from_network`] on the best build for this CPU;
@@ -182,12 +194,22 @@ mod tests {
             let n = combine_be_portable(op, dtype, &mut want, &other);
             for l in [Level::Sse41, Level::Avx2] {
                 let mut got = acc.clone();
-                match combine_at(l, op, dtype, &mut got, &other) {
+                match combine_at(l, op, dtype, InPlace { acc: &mut got, other: &other }) {
                     Some(m) => {
                         prop_assert_eq!(m, n);
                         prop_assert_eq!(&got, &want, "{:?}", l);
                     }
                     None => prop_assert!(l > level(), "{:?} refused on a {:?} CPU", l, level()),
+                }
+                // The three-operand form: the same bits, the rest of `out` untouched.
+                let mut out = vec![0x3Cu8; acc.len() + extra];
+                match combine_at(l, op, dtype, ToOut { out: &mut out, a: &acc, b: &other }) {
+                    Some(m) => {
+                        prop_assert_eq!(m, n);
+                        prop_assert_eq!(&out[..4 * n], &want[..4 * n], "{:?} into", l);
+                        prop_assert!(out[4 * n..].iter().all(|&b| b == 0x3C));
+                    }
+                    None => prop_assert!(l > level()),
                 }
             }
             let mut got = acc.clone();

@@ -3,10 +3,13 @@
 
 use std::collections::VecDeque;
 
-use inc_protocol::coll;
+use inc_protocol::coll::{self, CollOp};
+use inc_protocol::frame;
+use inc_wire::icrc::PayloadCrc;
 
 use super::collective::ExpectedData;
 use super::failure::Verdict;
+use super::roles::Roles;
 use super::slots::Contribution;
 use super::{shared_crc, Comm, Disposition, FrameCrc};
 use crate::SwitchEvent;
@@ -77,6 +80,14 @@ impl Comm {
         let pos = expected.start_pos.wrapping_add(expected.next_chunk);
         let coll = &self.collectives[coll_idx];
         let op = coll.claim.expect("data follows the child's Start").op;
+        if let Some(slot) = self.completes_now(coll_idx, expected.seq, pos, child) {
+            if self.send_result_direct(coll_idx, slot, &op, payload) {
+                self.counters.chunks_combined_into_frame += 1;
+                self.next_chunk(conn);
+                self.result_sent(coll_idx, slot);
+                return Disposition::Accept;
+            }
+        }
         let (slot, arrived) = match self.slots.contribute(expected.seq, pos, child, &op, payload) {
             Contribution::Stored { slot, arrived } => (slot, arrived),
             Contribution::SlotBusy => {
@@ -137,6 +148,99 @@ impl Comm {
         Disposition::Accept
     }
 
+    /// The slot `child`'s chunk at `pos` completes, when its result can go out at once:
+    /// the collective is ready, no completed chunk waits before it (results leave in
+    /// completion order) and every destination has room.
+    fn completes_now(&self, coll_idx: usize, seq: u32, pos: u64, child: usize) -> Option<usize> {
+        let coll = &self.collectives[coll_idx];
+        if !coll.ready || !self.completed_slots.is_empty() || !self.result_room(coll.roles) {
+            return None;
+        }
+        self.slots.completed_by(seq, pos, child, coll.roles.contributors)
+    }
+
+    /// Whether every destination of a result has send-queue room.
+    fn result_room(&self, roles: Roles) -> bool {
+        let parent_room =
+            !roles.up_to_parent || self.parent.is_none_or(|p| self.conns[p].data_room());
+        parent_room
+            && roles
+                .up_to_children
+                .iter()
+                .all(|child| self.conns[self.child_conn[child]].data_room())
+    }
+
+    /// Sends the result of `slot` combined with its last contribution `payload` without
+    /// putting it into the slot: the combine writes straight into the frame for the
+    /// first destination (one pass instead of a combine and a copy), the others copy
+    /// from that frame. With several destinations the CRC of the result is taken once,
+    /// while it is in cache, for every frame's ICRC. `false` (nothing sent) when no
+    /// destination is up; the caller then takes the slot path.
+    fn send_result_direct(
+        &mut self,
+        coll_idx: usize,
+        slot: usize,
+        op: &CollOp,
+        payload: &[u8],
+    ) -> bool {
+        let roles = self.collectives[coll_idx].roles;
+        let to_parent = self.parent.filter(|&p| roles.up_to_parent && !self.conns[p].failed);
+        let first_child =
+            roles.up_to_children.iter().find(|&c| !self.conns[self.child_conn[c]].failed);
+        let Some(first) = to_parent.or(first_child.map(|c| self.child_conn[c])) else {
+            return false;
+        };
+        let len = self.slots.meta(slot).len;
+        let fan_out = usize::from(roles.up_to_parent) + roles.up_to_children.len();
+        let Comm { conns, slots, .. } = self;
+        let mut crc = None;
+        let sent = if fan_out > 1 {
+            conns[first].rc.send_in_place_with_crc(|out| {
+                (slots.finish_into(slot, op, payload, out) == len).then(|| {
+                    let c = PayloadCrc::new(&out[..len]);
+                    crc = Some(c);
+                    (len, c)
+                })
+            })
+        } else {
+            conns[first].rc.send_in_place(|out| {
+                (slots.finish_into(slot, op, payload, out) == len).then_some((None, len))
+            })
+        };
+        let Ok(Some(psn)) = sent else {
+            return false;
+        };
+        self.conns[first].tx_data += 1;
+        if to_parent.is_none() {
+            let child = first_child.expect("the first destination is a child");
+            self.note_result_sent(coll_idx, child, first, Some(psn));
+        }
+        if let Some(crc) = crc {
+            let frame = self.conns[first].rc.newest_frame().expect("just queued");
+            let at = frame::send_payload_offset(None);
+            let result = &frame[at..at + len];
+            for child in roles.up_to_children.iter() {
+                let to = self.child_conn[child];
+                if to != first {
+                    let psn = self.conns[to].send_data(result, Some(&crc));
+                    self.note_result_sent(coll_idx, child, to, psn);
+                }
+            }
+        }
+        true
+    }
+
+    /// Bookkeeping once the result of `slot` went out: the slot is free again.
+    fn result_sent(&mut self, coll_idx: usize, slot: usize) {
+        let seq = self.collectives[coll_idx].seq;
+        self.slots.free(slot);
+        self.counters.chunks_aggregated += 1;
+        self.collectives[coll_idx].chunks_aggregated += 1;
+        self.update_delivered(coll_idx);
+        self.flush_progress(coll_idx, false);
+        self.maybe_retire(seq);
+    }
+
     /// Sends completed chunks on, in completion order, while the send queues have room.
     pub(super) fn send_completed(&mut self) {
         while let Some(&slot) = self.completed_slots.front() {
@@ -148,13 +252,7 @@ impl Comm {
                 continue;
             };
             let roles = self.collectives[coll_idx].roles;
-            let parent_room =
-                !roles.up_to_parent || self.parent.is_none_or(|p| self.conns[p].data_room());
-            let children_room = roles
-                .up_to_children
-                .iter()
-                .all(|child| self.conns[self.child_conn[child]].data_room());
-            if !parent_room || !children_room {
+            if !self.result_room(roles) {
                 break;
             }
             let op = self.collectives[coll_idx].claim.expect("ready").op;
@@ -176,13 +274,8 @@ impl Comm {
                     self.collectives[coll_idx].unacked_results[to].extend(psn);
                 }
             }
-            self.slots.free(slot);
             self.completed_slots.pop_front();
-            self.counters.chunks_aggregated += 1;
-            self.collectives[coll_idx].chunks_aggregated += 1;
-            self.update_delivered(coll_idx);
-            self.flush_progress(coll_idx, false);
-            self.maybe_retire(seq);
+            self.result_sent(coll_idx, slot);
         }
     }
 }

@@ -126,6 +126,44 @@ impl SlotPool {
         Contribution::Stored { slot, arrived: meta.arrived }
     }
 
+    /// The slot `child`'s chunk at `pos` of `seq` would complete, if it is the last of
+    /// `contributors` and not the first (the others wait combined in the slot), outside
+    /// deterministic mode: then [`Self::finish_into`] can write the result where it
+    /// goes instead of combining into the slot and copying the slot out.
+    pub(crate) fn completed_by(
+        &self,
+        seq: u32,
+        pos: u64,
+        child: usize,
+        contributors: ChildMask,
+    ) -> Option<usize> {
+        let slot = self.slot_of(pos);
+        let m = self.meta[slot];
+        let last = m.state == SlotState::Filling
+            && m.seq == seq
+            && m.pos == pos
+            && !m.arrived.is_empty()
+            && !m.arrived.contains(child)
+            && (m.arrived | ChildMask::single(child)) == contributors;
+        (last && !self.deterministic).then_some(slot)
+    }
+
+    /// `out = slot op payload` for a slot [`Self::completed_by`] named; the caller
+    /// frees the slot. Returns the bytes written (the chunk's length, or less if `out`
+    /// or `payload` is shorter).
+    pub(crate) fn finish_into(
+        &self,
+        slot: usize,
+        op: &CollOp,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> usize {
+        let len = self.meta[slot].len.min(payload.len()).min(out.len());
+        let base = slot * self.stride;
+        let held = &self.bytes[base..base + len];
+        4 * reduce::combine_be_into(op.operator, op.datatype, &mut out[..len], held, payload)
+    }
+
     /// Whether a chunk at `pos` would be refused as [`Contribution::SlotBusy`] now.
     pub(crate) fn is_busy_for(&self, pos: u64) -> bool {
         let held = self.meta[self.slot_of(pos)];

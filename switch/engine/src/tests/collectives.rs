@@ -40,6 +40,11 @@ fn lossless_1_2_4_has_no_slot_conflicts() {
         assert_eq!(c.slot_conflicts(), 0);
         assert_eq!(c.retransmits(), 0);
         assert_eq!(c.comms[0].backpressure_rnr, 0);
+        // With room downstream every last contribution goes straight into the frame
+        // that carries the result on; the exact results above show it combines right.
+        let comm = &c.comms[0];
+        assert!(comm.chunks_aggregated > 0, "switch {s}");
+        assert_eq!(comm.chunks_combined_into_frame, comm.chunks_aggregated, "switch {s}");
     }
 }
 
@@ -129,6 +134,10 @@ fn float_sum_is_deterministic_and_identical_on_all_ranks() {
         for r in 0..4 {
             assert_eq!(net.host(r).result, Some(Ok(())));
             assert_eq!(net.host(r).output, out0, "rank {r} differs");
+        }
+        // The fixed fold order needs every contribution in the slot first.
+        for s in 0..3 {
+            assert_eq!(net.switch(s).counters().comms[0].chunks_combined_into_frame, 0);
         }
         out0
     };
