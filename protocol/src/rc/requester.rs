@@ -113,17 +113,19 @@ impl RcConnection {
             self.pool.push(shared);
             return Err(SendError::TooLarge { len, max });
         }
+        if let Some(crc_len) = crc.map(|c| c.payload_len()).filter(|&n| n != len) {
+            self.pool.push(shared);
+            return Err(SendError::PayloadCrcMismatch { len, crc_len });
+        }
         let to = frame::send_payload_offset(imm);
         if to != at {
             buf.copy_within(at..at + len, to);
         }
-        let Some(frame_len) =
-            self.cfg.addr.emit_send_in_place(buf, self.next_psn, imm, len, crc.as_ref())
-        else {
-            self.pool.push(shared);
-            let crc_len = crc.map_or(0, |c| c.payload_len());
-            return Err(SendError::PayloadCrcMismatch { len, crc_len });
-        };
+        let frame_len = self
+            .cfg
+            .addr
+            .emit_send_in_place(buf, self.next_psn, imm, len, crc.as_ref())
+            .expect("the buffer holds the largest frame, and the CRC's length was checked");
         Ok(Some(self.push_new(shared, frame_len)))
     }
 

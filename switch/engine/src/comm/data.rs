@@ -153,10 +153,19 @@ impl Comm {
     /// completion order) and every destination has room.
     fn completes_now(&self, coll_idx: usize, seq: u32, pos: u64, child: usize) -> Option<usize> {
         let coll = &self.collectives[coll_idx];
-        if !coll.ready || !self.completed_slots.is_empty() || !self.result_room(coll.roles) {
+        if !coll.ready || !self.completed_slots.is_empty() {
             return None;
         }
-        self.slots.completed_by(seq, pos, child, coll.roles.contributors)
+        // The slot's bookkeeping first: most contributions are not the last, and they
+        // need no scan of the destinations' queues.
+        let slot = self.slots.completed_by(seq, pos, child, coll.roles.contributors)?;
+        self.result_room(coll.roles).then_some(slot)
+    }
+
+    /// How many connections a result goes to: the parent (if it goes up and there is
+    /// one) and the children it goes back down to.
+    fn result_fan_out(&self, roles: Roles) -> usize {
+        usize::from(roles.up_to_parent && self.parent.is_some()) + roles.up_to_children.len()
     }
 
     /// Whether every destination of a result has send-queue room.
@@ -191,7 +200,7 @@ impl Comm {
             return false;
         };
         let len = self.slots.meta(slot).len;
-        let fan_out = usize::from(roles.up_to_parent) + roles.up_to_children.len();
+        let fan_out = self.result_fan_out(roles);
         let Comm { conns, slots, .. } = self;
         let mut crc = None;
         let sent = if fan_out > 1 {
@@ -256,13 +265,10 @@ impl Comm {
                 break;
             }
             let op = self.collectives[coll_idx].claim.expect("ready").op;
+            let fan_out = self.result_fan_out(roles);
             let data = self.slots.aggregate(slot, &op, roles.contributors);
             let to_parent = self.parent.filter(|_| roles.up_to_parent);
-            let crc = shared_crc(
-                data,
-                usize::from(to_parent.is_some()) + roles.up_to_children.len(),
-                None,
-            );
+            let crc = shared_crc(data, fan_out, None);
             if let Some(parent) = to_parent {
                 self.conns[parent].send_data(data, crc.as_ref());
             }
