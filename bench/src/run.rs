@@ -330,7 +330,7 @@ impl Ctx<'_> {
                 ),
                 (
                     "testpmd-io",
-                    Err(anyhow::anyhow!("dpdk-testpmd is not installed (apt-get install dpdk)")),
+                    Err(anyhow::anyhow!("dpdk-testpmd is not installed (scripts/setup bench installs it)")),
                 ),
             ]
         };

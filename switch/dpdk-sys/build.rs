@@ -1,6 +1,6 @@
 //! Generates bindings to the system DPDK and compiles the C shim for its static-inline
 //! fast-path functions. Needs `pkg-config` and the DPDK development files
-//! (Debian: `libdpdk-dev`, installed by `scripts/setup --dpdk`).
+//! (Debian: `libdpdk-dev`, installed by `scripts/setup dpdk`).
 
 use std::env;
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ fn pkg_config(args: &[&str]) -> Vec<String> {
     if !out.status.success() {
         panic!(
             "pkg-config finds no libdpdk: {}install the DPDK development files \
-             (sudo scripts/setup --dpdk, or apt-get install libdpdk-dev)",
+             (sudo scripts/setup dpdk: its group of the project's package list)",
             String::from_utf8_lossy(&out.stderr)
         );
     }
