@@ -1,0 +1,165 @@
+//! The receive ring of one port: its TPACKET geometry (V3 blocks, or V2 slots of one
+//! frame each), the mapping shared with the kernel, and the status word through which
+//! each slot passes between the kernel and user space.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::gso::{UDP_PAYLOAD_AT, VNET_HDR_LEN};
+use super::{AfPacketConfig, RxRing};
+use crate::sys;
+
+/// Size of `tpacket3_hdr` rounded up to TPACKET_ALIGNMENT: where the sockaddr_ll starts.
+pub(super) const TPACKET3_HDR_ALIGNED: usize =
+    (std::mem::size_of::<libc::tpacket3_hdr>() + libc::TPACKET_ALIGNMENT - 1)
+        & !(libc::TPACKET_ALIGNMENT - 1);
+
+/// Size of `tpacket2_hdr` rounded up to TPACKET_ALIGNMENT.
+pub(super) const TPACKET2_HDR_ALIGNED: usize =
+    (std::mem::size_of::<libc::tpacket2_hdr>() + libc::TPACKET_ALIGNMENT - 1)
+        & !(libc::TPACKET_ALIGNMENT - 1);
+
+/// The TPACKET version and ring request of a port opened with `cfg`: V3 blocks as
+/// configured, or V2 slots sized for a full-MTU frame (`mtu`, 1500 if unknown) or,
+/// with `gso_slots`, for a whole UDP GSO frame.
+pub(super) fn request(
+    cfg: &AfPacketConfig,
+    mtu: Option<u32>,
+    gso_slots: bool,
+) -> (libc::tpacket_versions, libc::tpacket_req3) {
+    match cfg.ring {
+        RxRing::V3 => {
+            let frame_size = 2048u32;
+            let req = libc::tpacket_req3 {
+                tp_block_size: cfg.block_size,
+                tp_block_nr: cfg.block_count,
+                tp_frame_size: frame_size,
+                tp_frame_nr: cfg.block_size / frame_size * cfg.block_count,
+                tp_retire_blk_tov: cfg.block_timeout_ms.max(1),
+                tp_sizeof_priv: 0,
+                tp_feature_req_word: 0,
+            };
+            (libc::tpacket_versions::TPACKET_V3, req)
+        }
+        RxRing::V2 => {
+            // One frame per block: a slot holds header, address and a full-MTU frame.
+            let need =
+                TPACKET2_HDR_ALIGNED + std::mem::size_of::<libc::sockaddr_ll>() + 16 + VNET_HDR_LEN;
+            // A GSO link's slots hold a whole GSO frame (up to 64 KiB of UDP payload);
+            // half as many of them, as each usually holds several frames.
+            let (frame, slots) = if gso_slots {
+                (inc_wire::gso::MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.block_count * 2)
+            } else {
+                (mtu.unwrap_or(1500) as usize + 14, cfg.block_count * 4)
+            };
+            let slot = (need + frame).div_ceil(4096) * 4096;
+            let req = libc::tpacket_req3 {
+                tp_block_size: slot as u32,
+                tp_block_nr: slots,
+                tp_frame_size: slot as u32,
+                tp_frame_nr: slots,
+                tp_retire_blk_tov: 0,
+                tp_sizeof_priv: 0,
+                tp_feature_req_word: 0,
+            };
+            (libc::tpacket_versions::TPACKET_V2, req)
+        }
+    }
+}
+
+/// Set up the receive ring `req` on socket `raw`, whose TPACKET version is `ring`'s.
+pub(super) fn set_rx_ring(
+    raw: RawFd,
+    ring: RxRing,
+    req: &libc::tpacket_req3,
+) -> std::io::Result<()> {
+    // V2 reads only the leading tpacket_req fields of the same layout.
+    match ring {
+        RxRing::V3 => sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, req),
+        RxRing::V2 => {
+            let req2 = libc::tpacket_req {
+                tp_block_size: req.tp_block_size,
+                tp_block_nr: req.tp_block_nr,
+                tp_frame_size: req.tp_frame_size,
+                tp_frame_nr: req.tp_frame_nr,
+            };
+            sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req2)
+        }
+    }
+}
+
+/// Receive ring mapped from the kernel: `slot_count` slots of `slot_size` bytes; a
+/// slot is a block (V3) or a frame (V2).
+#[derive(Debug)]
+pub(super) struct Ring {
+    pub(super) base: *mut u8,
+    len: usize,
+    pub(super) version: RxRing,
+    pub(super) slot_size: usize,
+    pub(super) slot_count: usize,
+    /// Next slot to look at.
+    pub(super) cur: usize,
+}
+
+// Safety: the mapping is owned by this Ring and only touched through `&mut self` or
+// atomics; moving it to another thread is sound.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    /// Map the ring `req` just set up on socket `raw`.
+    pub(super) fn map(
+        raw: RawFd,
+        version: RxRing,
+        req: &libc::tpacket_req3,
+    ) -> std::io::Result<Ring> {
+        let len = req.tp_block_size as usize * req.tp_block_nr as usize;
+        // Safety: maps the ring just configured on `raw`; the result is checked and
+        // owned by `Ring`, which unmaps it on drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                raw,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Ring {
+            base: base.cast(),
+            len,
+            version,
+            slot_size: req.tp_block_size as usize,
+            slot_count: req.tp_block_nr as usize,
+            cur: 0,
+        })
+    }
+
+    /// Status word of slot `i`, shared with the kernel.
+    pub(super) fn status(&self, i: usize) -> &AtomicU32 {
+        let field = match self.version {
+            RxRing::V3 => std::mem::offset_of!(libc::tpacket_block_desc, hdr),
+            RxRing::V2 => std::mem::offset_of!(libc::tpacket2_hdr, tp_status),
+        };
+        let off = i * self.slot_size + field;
+        // Safety: slot i lies inside the mapping; the status is a 4-aligned u32 at the
+        // start of the slot's header (slots start 16-aligned), and the kernel accesses it
+        // concurrently, hence an atomic view.
+        unsafe { &*(self.base.add(off) as *const AtomicU32) }
+    }
+
+    /// Whether the next slot is user space's to read (`TP_STATUS_USER`).
+    pub(super) fn ready(&self) -> bool {
+        self.status(self.cur).load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Safety: base/len are exactly what mmap returned; nothing borrows the ring now.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
