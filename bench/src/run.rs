@@ -330,7 +330,9 @@ impl Ctx<'_> {
                 ),
                 (
                     "testpmd-io",
-                    Err(anyhow::anyhow!("dpdk-testpmd is not installed (scripts/setup bench installs it)")),
+                    Err(anyhow::anyhow!(
+                        "dpdk-testpmd is not installed (scripts/setup bench installs it)"
+                    )),
                 ),
             ]
         };
