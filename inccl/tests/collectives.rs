@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{free_port, Fabric};
@@ -221,6 +222,71 @@ fn two_communicators_interleave() {
         b.barrier().unwrap();
         b.destroy().unwrap();
         group.destroy().unwrap();
+    });
+}
+
+/// A meeting point for `parties` threads that fails (panics) instead of hanging when
+/// one of them never arrives, e.g. because it panicked.
+struct Rendezvous {
+    arrived: Mutex<usize>,
+    all_here: Condvar,
+    parties: usize,
+}
+
+impl Rendezvous {
+    fn new(parties: usize) -> Self {
+        Rendezvous { arrived: Mutex::new(0), all_here: Condvar::new(), parties }
+    }
+
+    fn meet(&self, what: &str) {
+        // A thread that panicked while holding the lock left the count consistent.
+        let mut n = self.arrived.lock().unwrap_or_else(|p| p.into_inner());
+        *n += 1;
+        self.all_here.notify_all();
+        let (n, t) = self
+            .all_here
+            .wait_timeout_while(n, Duration::from_secs(30), |n| *n < self.parties)
+            .unwrap_or_else(|p| p.into_inner());
+        assert!(!t.timed_out(), "only {} of {} threads reached {what}", *n, self.parties);
+    }
+}
+
+#[test]
+fn communicators_in_two_namespaces_with_the_same_addresses_run_at_once() {
+    // Two fabrics of the same topology, each in a namespace of its own: every host
+    // address exists twice in this process, and each rank's QP must use the socket of
+    // its own namespace while the other fabric's ranks hold theirs.
+    let created = Rendezvous::new(2 * usize::from(WORLD));
+    let finished = Rendezvous::new(2 * usize::from(WORLD));
+    std::thread::scope(|s| {
+        let fabrics: Vec<_> = (0..2i32)
+            .map(|k| {
+                let (created, finished) = (&created, &finished);
+                s.spawn(move || {
+                    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+                    ranks(&fabric, |rank, cfg| {
+                        let group = Group::create(cfg).unwrap();
+                        let mut comm = group.communicator(comm_config()).unwrap();
+                        created.meet("communicator creation");
+                        let src = vec![i32::from(rank) + 1 + 100 * k; 20_000];
+                        for round in 0..3 {
+                            let mut d = vec![0; src.len()];
+                            comm.allreduce(&src, &mut d, ReduceOp::Sum).unwrap();
+                            assert!(
+                                d.iter().all(|v| *v == 10 + 400 * k),
+                                "fabric {k} rank {rank} round {round}"
+                            );
+                        }
+                        finished.meet("the end of the collectives");
+                        comm.destroy().unwrap();
+                        group.destroy().unwrap();
+                    });
+                })
+            })
+            .collect();
+        for f in fabrics {
+            f.join().expect("fabric thread panicked");
+        }
     });
 }
 

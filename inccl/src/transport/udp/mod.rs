@@ -1,9 +1,9 @@
 //! Userspace RoCEv2 over an unconnected UDP socket on the RoCEv2 port.
 //!
-//! One socket per process and data-plane IP, bound to `ip:4791` and shared by every QP
-//! of the process (demultiplexed by destination QPN, see [`port`]), with
-//! `IP_PMTUDISC_DO`: the kernel then writes IPv4 ID 0, DF, TTL 64, TOS 0, exactly the
-//! bytes the engine's ICRC covers. The rank registers port 4791, so switches send to it
+//! One socket per process, network namespace and data-plane IP, bound to `ip:4791` and
+//! shared by every QP of the process in that namespace (demultiplexed by destination
+//! QPN, see [`port`]), with `IP_PMTUDISC_DO`: the kernel then writes IPv4 ID 0, DF,
+//! TTL 64, TOS 0, exactly the bytes the engine's ICRC covers. The rank registers port 4791, so switches send to it
 //! as to any RoCE device.
 //! Sending strips the 42-byte Ethernet/IPv4/UDP headers of an engine frame and sends
 //! BTH..ICRC to the switch; receiving lands the datagram at offset 42 of a slot and

@@ -8,11 +8,22 @@
 //! QPs into their [`Inbox`], waking their owner. A second process on the same IP finds
 //! 4791 taken and falls back to a port of its own (registered with the controller, so
 //! it still works, but frames to it are not on the RoCEv2 port); see the crate README.
+//!
+//! "Per data-plane IP" means per network namespace and IP: threads of one process can
+//! sit in different namespaces (`unshare`/`setns` act on the calling thread), and the
+//! same address can exist in several of them, as when one process emulates several
+//! hosts of one topology. A socket is bound in the namespace of the thread that creates
+//! it, so a QP opened in another namespace with the same IP gets a socket of its own
+//! (see [`NetNs`]). Found by IP alone, the other namespace's socket would send to that
+//! namespace's switch and never receive what its own switch sends to it: issue [12],
+//! where tests running in parallel threads, each with the 1-2-4 topology in a namespace
+//! of its own, lost their RC connections ("retransmission retries exhausted").
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -36,8 +47,38 @@ pub(crate) struct SharedPort {
     stray: AtomicU64,
 }
 
-/// Live shared ports of this process, by IP.
-static PORTS: Mutex<Vec<(Ipv4Addr, Weak<SharedPort>)>> = Mutex::new(Vec::new());
+/// Live shared ports of this process.
+static PORTS: Mutex<Vec<(PortKey, Weak<SharedPort>)>> = Mutex::new(Vec::new());
+
+/// What a [`SharedPort`] is shared by: the network namespace it was bound in and its IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PortKey {
+    netns: Option<NetNs>,
+    ip: Ipv4Addr,
+}
+
+/// A network namespace, named as the kernel names it: the device and inode of a
+/// thread's `/proc/thread-self/ns/net` (what `ip netns identify` compares).
+///
+/// A live [`SharedPort`]'s socket holds a reference to its namespace, so the namespace
+/// and with it its inode number cannot be freed and reused while [`PORTS`] can still
+/// hand that port out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NetNs {
+    dev: u64,
+    ino: u64,
+}
+
+impl NetNs {
+    /// The calling thread's network namespace (`/proc/self` would be the main
+    /// thread's). `None` where `/proc` does not say (not mounted): every such thread
+    /// then counts as one namespace, which is right for a process whose threads all
+    /// share one, the usual case.
+    fn current() -> Option<NetNs> {
+        let m = std::fs::metadata("/proc/thread-self/ns/net").ok()?;
+        Some(NetNs { dev: m.dev(), ino: m.ino() })
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves the data consistent; a panic elsewhere does not
@@ -46,15 +87,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl SharedPort {
-    /// The process's socket on `ip`: bound to `ip:4791` on first use, then shared.
-    /// If another process holds 4791 on `ip`, a port of its own (with a warning).
+    /// The process's socket on `ip` in the calling thread's network namespace: bound
+    /// to `ip:4791` on first use, then shared. If another process holds 4791 on `ip`, a
+    /// port of its own (with a warning).
     pub(crate) fn get(
         ip: Ipv4Addr,
         bind: impl Fn(u16) -> io::Result<UdpSocket>,
     ) -> io::Result<Arc<Self>> {
+        let key = PortKey { netns: NetNs::current(), ip };
         let mut ports = lock(&PORTS);
         ports.retain(|(_, w)| w.strong_count() > 0);
-        if let Some(p) = ports.iter().find(|(a, _)| *a == ip).and_then(|(_, w)| w.upgrade()) {
+        if let Some(p) = ports.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
             return Ok(p);
         }
         let sock = match bind(ROCEV2_PORT) {
@@ -83,7 +126,7 @@ impl SharedPort {
             inboxes: Mutex::new(HashMap::new()),
             stray: AtomicU64::new(0),
         });
-        ports.push((ip, Arc::downgrade(&port)));
+        ports.push((key, Arc::downgrade(&port)));
         Ok(port)
     }
 
@@ -303,5 +346,32 @@ mod tests {
         frame.extend(datagram(0x20));
         assert!(!a.is_mine(from, 0, &frame));
         assert_eq!(port.stray(), 2, "a detached QP receives nothing");
+    }
+
+    #[test]
+    fn each_network_namespace_has_a_socket_of_its_own() {
+        // The IP is only the key here: bind wherever any namespace can.
+        let ip = Ipv4Addr::new(192, 0, 2, 1);
+        let bind = |_| UdpSocket::bind("0.0.0.0:0");
+        let here = SharedPort::get(ip, bind).expect("bind");
+        let there = std::thread::spawn(move || {
+            // The new namespace is this thread's only, and goes with its socket.
+            if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET) {
+                inc_test_support::skip(
+                    "udp::port namespaces",
+                    &format!("cannot create a network namespace ({e}); run the tests as root"),
+                );
+                return None;
+            }
+            let there = SharedPort::get(ip, bind).expect("bind");
+            let again = SharedPort::get(ip, bind).expect("bind");
+            assert!(Arc::ptr_eq(&there, &again), "one socket per IP in a namespace");
+            Some(there)
+        })
+        .join()
+        .expect("namespace thread");
+        let Some(there) = there else { return };
+        assert!(!Arc::ptr_eq(&here, &there), "the same IP in two namespaces: two sockets");
+        assert!(Arc::ptr_eq(&here, &SharedPort::get(ip, bind).expect("bind")));
     }
 }
