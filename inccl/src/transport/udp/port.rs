@@ -15,7 +15,7 @@
 //! hosts of one topology. A socket is bound in the namespace of the thread that creates
 //! it, so a QP opened in another namespace with the same IP gets a socket of its own
 //! (see [`NetNs`]). Found by IP alone, the other namespace's socket would send to that
-//! namespace's switch and never receive what its own switch sends to it: issue [12],
+//! namespace's switch and never receive what its own switch sends to it: issue \[12\],
 //! where tests running in parallel threads, each with the 1-2-4 topology in a namespace
 //! of its own, lost their RC connections ("retransmission retries exhausted").
 
