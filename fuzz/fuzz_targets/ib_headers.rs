@@ -3,7 +3,8 @@
 #![no_main]
 
 use inc_wire::{
-    icrc, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthPacket, BthRepr, DethRepr, IncImm, RethRepr,
+    icrc, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthPacket, BthRepr, DataType, DethRepr,
+    IncImm, Operator, RethRepr,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -25,8 +26,18 @@ fuzz_target!(|data: &[u8]| {
     let _ = AtomicAckEthRepr::parse(data);
     if let Some(b) = data.get(..4) {
         let imm = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-        if let Ok(i) = IncImm::decode(imm) {
-            assert_eq!(i.encode(), imm);
+        // Valid iff primitive 0-2, operator code (bits 7:6 ++ 13:12) and datatype code
+        // in the tables, and the operator applies to the type; valid ones re-encode.
+        let op = Operator::from_code((((imm >> 6) & 3) << 2 | (imm >> 12) & 3) as u8);
+        let dt = DataType::from_code(((imm >> 8) & 0xf) as u8);
+        let valid =
+            (imm >> 14) & 3 != 3 && matches!((op, dt), (Some(o), Some(d)) if o.applies_to(d));
+        match IncImm::decode(imm) {
+            Ok(i) => {
+                assert!(valid, "{imm:#x} decoded");
+                assert_eq!(i.encode(), imm);
+            }
+            Err(e) => assert!(!valid, "{imm:#x}: {e}"),
         }
     }
     let _ = icrc::verify(data);

@@ -13,6 +13,7 @@
 
 pub mod arp;
 pub mod bth;
+pub mod dtype;
 mod error;
 pub mod ethernet;
 pub mod ext;
@@ -28,6 +29,7 @@ pub mod udp;
 
 pub use arp::{ArpOperation, ArpPacket, ArpRepr};
 pub use bth::{BthPacket, BthRepr, BTH_LEN};
+pub use dtype::{AppliesTo, Class, DataType, Operator, TypeVisitor, UnknownName, Unsupported};
 pub use error::{Error, Result};
 pub use ethernet::{
     EtherType, EthernetAddress, EthernetFrame, EthernetRepr, ParseEthernetAddressError,
@@ -37,7 +39,7 @@ pub use ext::{
     AtomicEthRepr, DethRepr, NakCode, RethRepr,
 };
 pub use icrc::DatagramHeaders;
-pub use imm::{DataType, ImmError, IncImm, Operator, Primitive};
+pub use imm::{ImmError, IncImm, Primitive};
 pub use ipv4::{Ipv4Packet, Ipv4Repr};
 pub use opcode::{Opcode, Transport};
 pub use psn::Psn;

@@ -161,7 +161,8 @@ impl SlotPool {
         let len = self.meta[slot].len.min(payload.len()).min(out.len());
         let base = slot * self.stride;
         let held = &self.bytes[base..base + len];
-        4 * reduce::combine_be_into(op.operator, op.datatype, &mut out[..len], held, payload)
+        op.datatype.size()
+            * reduce::combine_be_into(op.operator, op.datatype, &mut out[..len], held, payload)
     }
 
     /// Whether a chunk at `pos` would be refused as [`Contribution::SlotBusy`] now.

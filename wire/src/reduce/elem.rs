@@ -1,0 +1,296 @@
+//! [`Elem`]: what the reduce kernels need of an element type, implemented for the Rust
+//! type of every row of the datatype table.
+
+use core::fmt;
+
+use half::{bf16, f16};
+
+use crate::dtype::{DataType, Operator};
+
+/// An element type the reduce kernels are generic over.
+///
+/// Every operation is commutative bit for bit (`op(a, b)` and `op(b, a)` have the same
+/// bits), so results do not depend on the order a switch sees contributions in.
+pub trait Elem: Copy + PartialEq + fmt::Debug + Send + Sync + 'static {
+    /// The table row of this type.
+    const DTYPE: DataType;
+    /// Bytes per element.
+    const SIZE: usize;
+    /// What a switch accumulates this type in: `Self`, or `f32` for the half types.
+    type Acc: Elem;
+
+    /// Reads one element from the first `SIZE` bytes of `b`, network order.
+    fn load_be(b: &[u8]) -> Self;
+    /// Writes one element to the first `SIZE` bytes of `b`, network order.
+    fn store_be(self, b: &mut [u8]);
+    /// Reads one element from the first `SIZE` bytes of `b`, native order.
+    fn load_ne(b: &[u8]) -> Self;
+    /// Writes one element to the first `SIZE` bytes of `b`, native order.
+    fn store_ne(self, b: &mut [u8]);
+
+    /// SUM: integers wrap; floats IEEE (round to nearest even), NaN canonical.
+    fn sum(self, b: Self) -> Self;
+    /// PROD: integers wrap; floats IEEE, NaN canonical.
+    fn prod(self, b: Self) -> Self;
+    /// MAX: by value, signed or unsigned by type; floats IEEE 754-2019 `maximum`
+    /// (-0 < +0; any NaN gives the canonical NaN).
+    fn maximum(self, b: Self) -> Self;
+    /// MIN, as [`Elem::maximum`].
+    fn minimum(self, b: Self) -> Self;
+    /// Bitwise AND, OR, XOR of the bit patterns (the kernels apply them to integer
+    /// types only: see [`Operator::applies_to`]).
+    fn band(self, b: Self) -> Self;
+    /// Bitwise OR.
+    fn bor(self, b: Self) -> Self;
+    /// Bitwise XOR.
+    fn bxor(self, b: Self) -> Self;
+
+    /// The accumulator value of an element (exact).
+    fn widen(self) -> Self::Acc;
+    /// The element nearest to an accumulator value (round to nearest even; NaN
+    /// canonical; overflow to infinity).
+    fn narrow(acc: Self::Acc) -> Self;
+
+    /// `a op b` for any operator (`Barrier` and operators that do not apply to the
+    /// type give `a`): the scalar form of the kernels.
+    #[inline(always)]
+    fn combine(op: Operator, a: Self, b: Self) -> Self {
+        if !op.applies_to(Self::DTYPE) {
+            return a;
+        }
+        match op.in_network() {
+            Operator::Sum | Operator::Avg => a.sum(b),
+            Operator::Prod => a.prod(b),
+            Operator::Max => a.maximum(b),
+            Operator::Min => a.minimum(b),
+            Operator::Band => a.band(b),
+            Operator::Bor => a.bor(b),
+            Operator::Bxor => a.bxor(b),
+            Operator::Barrier => a,
+        }
+    }
+}
+
+macro_rules! bytes_io {
+    ($t:ty, $size:literal) => {
+        #[inline(always)]
+        fn load_be(b: &[u8]) -> Self {
+            let mut x = [0u8; $size];
+            x.copy_from_slice(&b[..$size]);
+            <$t>::from_be_bytes(x)
+        }
+        #[inline(always)]
+        fn store_be(self, b: &mut [u8]) {
+            b[..$size].copy_from_slice(&self.to_be_bytes());
+        }
+        #[inline(always)]
+        fn load_ne(b: &[u8]) -> Self {
+            let mut x = [0u8; $size];
+            x.copy_from_slice(&b[..$size]);
+            <$t>::from_ne_bytes(x)
+        }
+        #[inline(always)]
+        fn store_ne(self, b: &mut [u8]) {
+            b[..$size].copy_from_slice(&self.to_ne_bytes());
+        }
+    };
+}
+
+macro_rules! int_elem {
+    ($($t:ty => $dtype:ident, $size:literal;)*) => {$(
+        impl Elem for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            const SIZE: usize = $size;
+            type Acc = $t;
+            bytes_io!($t, $size);
+            #[inline(always)]
+            fn sum(self, b: Self) -> Self { self.wrapping_add(b) }
+            #[inline(always)]
+            fn prod(self, b: Self) -> Self { self.wrapping_mul(b) }
+            #[inline(always)]
+            fn maximum(self, b: Self) -> Self { Ord::max(self, b) }
+            #[inline(always)]
+            fn minimum(self, b: Self) -> Self { Ord::min(self, b) }
+            #[inline(always)]
+            fn band(self, b: Self) -> Self { self & b }
+            #[inline(always)]
+            fn bor(self, b: Self) -> Self { self | b }
+            #[inline(always)]
+            fn bxor(self, b: Self) -> Self { self ^ b }
+            #[inline(always)]
+            fn widen(self) -> Self { self }
+            #[inline(always)]
+            fn narrow(acc: Self) -> Self { acc }
+        }
+    )*};
+}
+
+int_elem! {
+    i8 => Int8, 1;
+    u8 => Uint8, 1;
+    i32 => Int32, 4;
+    u32 => Uint32, 4;
+    i64 => Int64, 8;
+    u64 => Uint64, 8;
+}
+
+/// The canonical quiet NaN of each float type: every NaN result is replaced by it, so
+/// payload and sign bits never depend on operand order or on the CPU.
+pub trait CanonicalNan {
+    /// Its bit pattern.
+    const CANONICAL_NAN: Self;
+}
+
+macro_rules! float_elem {
+    ($($t:ty => $dtype:ident, $size:literal, $nan:expr;)*) => {$(
+        impl CanonicalNan for $t {
+            const CANONICAL_NAN: $t = <$t>::from_bits($nan);
+        }
+        impl Elem for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            const SIZE: usize = $size;
+            type Acc = $t;
+            bytes_io!($t, $size);
+            #[inline(always)]
+            fn sum(self, b: Self) -> Self { canon(self + b) }
+            #[inline(always)]
+            fn prod(self, b: Self) -> Self { canon(self * b) }
+            // Selects without short-circuits, so they vectorise. Equal operands are
+            // either the same bits or +0.0 and -0.0, where AND of the bits gives +0.0
+            // (MAX) and OR gives -0.0 (MIN).
+            #[inline(always)]
+            fn maximum(self, b: Self) -> Self {
+                let (x, y) = (self.to_bits(), b.to_bits());
+                let r = if self > b { x } else if self < b { y } else { x & y };
+                if self.is_nan() | b.is_nan() { Self::CANONICAL_NAN } else { <$t>::from_bits(r) }
+            }
+            #[inline(always)]
+            fn minimum(self, b: Self) -> Self {
+                let (x, y) = (self.to_bits(), b.to_bits());
+                let r = if self < b { x } else if self > b { y } else { x | y };
+                if self.is_nan() | b.is_nan() { Self::CANONICAL_NAN } else { <$t>::from_bits(r) }
+            }
+            #[inline(always)]
+            fn band(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() & b.to_bits()) }
+            #[inline(always)]
+            fn bor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() | b.to_bits()) }
+            #[inline(always)]
+            fn bxor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() ^ b.to_bits()) }
+            #[inline(always)]
+            fn widen(self) -> Self { self }
+            #[inline(always)]
+            fn narrow(acc: Self) -> Self { acc }
+        }
+    )*};
+}
+
+float_elem! {
+    f32 => Float32, 4, 0x7fc0_0000;
+    f64 => Float64, 8, 0x7ff8_0000_0000_0000;
+}
+
+#[inline(always)]
+fn canon<T: CanonicalNan + IsNan>(x: T) -> T {
+    if x.is_nan_() {
+        T::CANONICAL_NAN
+    } else {
+        x
+    }
+}
+
+/// `is_nan` of every float type (f32, f64 and the half types).
+pub trait IsNan: Copy {
+    /// Whether this is a NaN.
+    fn is_nan_(self) -> bool;
+}
+
+macro_rules! is_nan {
+    ($($t:ty),*) => {$(
+        impl IsNan for $t {
+            #[inline(always)]
+            fn is_nan_(self) -> bool { self.is_nan() }
+        }
+    )*};
+}
+is_nan!(f32, f64, f16, bf16);
+
+// The half types compute in f32 and round once. A sum or product of two halves is
+// exact in f32 up to the one rounding (f32's 24-bit significand holds the 2 x 11 + 2
+// bits that make double rounding innocuous), so each result is the correctly rounded
+// IEEE half result; MAX/MIN on the widened values select exactly.
+macro_rules! half_elem {
+    ($($t:ty => $dtype:ident, $nan:expr;)*) => {$(
+        impl CanonicalNan for $t {
+            const CANONICAL_NAN: $t = <$t>::from_bits($nan);
+        }
+        impl Elem for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            const SIZE: usize = 2;
+            type Acc = f32;
+            bytes_io!($t, 2);
+            #[inline(always)]
+            fn sum(self, b: Self) -> Self { Self::narrow(self.widen().sum(b.widen())) }
+            #[inline(always)]
+            fn prod(self, b: Self) -> Self { Self::narrow(self.widen().prod(b.widen())) }
+            #[inline(always)]
+            fn maximum(self, b: Self) -> Self { Self::narrow(Elem::maximum(self.widen(), b.widen())) }
+            #[inline(always)]
+            fn minimum(self, b: Self) -> Self { Self::narrow(Elem::minimum(self.widen(), b.widen())) }
+            #[inline(always)]
+            fn band(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() & b.to_bits()) }
+            #[inline(always)]
+            fn bor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() | b.to_bits()) }
+            #[inline(always)]
+            fn bxor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() ^ b.to_bits()) }
+            #[inline(always)]
+            fn widen(self) -> f32 { self.to_f32() }
+            #[inline(always)]
+            fn narrow(acc: f32) -> Self { canon(<$t>::from_f32(acc)) }
+        }
+    )*};
+}
+
+half_elem! {
+    f16 => Float16, 0x7e00;
+    bf16 => Bfloat16, 0x7fc0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::TypeVisitor;
+
+    struct Sizes;
+    impl TypeVisitor for Sizes {
+        type Output = (DataType, usize, usize);
+        fn visit<E: Elem>(self) -> Self::Output {
+            (E::DTYPE, E::SIZE, E::Acc::SIZE)
+        }
+    }
+
+    #[test]
+    fn every_row_has_its_elem() {
+        for d in DataType::ALL {
+            assert_eq!(d.visit(Sizes), (*d, d.size(), d.acc_size()), "{d}");
+        }
+    }
+
+    #[test]
+    fn half_rounding_and_specials() {
+        // 1 + 2^-11 is a tie in f16 (10 fraction bits): rounds to even, 1.0.
+        let one = f16::from_f32(1.0);
+        let tiny = f16::from_f32(2f32.powi(-11));
+        assert_eq!(one.sum(tiny), one);
+        let big = f16::MAX;
+        assert_eq!(big.sum(big), f16::INFINITY);
+        assert_eq!(f16::INFINITY.sum(f16::NEG_INFINITY).to_bits(), 0x7e00);
+        assert_eq!(bf16::from_bits(0xffc1).sum(bf16::ONE).to_bits(), 0x7fc0);
+        assert_eq!(f16::NEG_ZERO.maximum(f16::ZERO).to_bits(), 0);
+        assert_eq!(bf16::NEG_ZERO.minimum(bf16::ZERO).to_bits(), 0x8000);
+        assert_eq!(f64::NAN.prod(1.0).to_bits(), 0x7ff8_0000_0000_0000);
+        assert_eq!(i8::MAX.sum(1), i8::MIN);
+        assert_eq!(u8::MAX.maximum(1), u8::MAX);
+        assert_eq!((-1i64).maximum(1), 1);
+        assert_eq!(u64::MAX.prod(u64::MAX), 1);
+    }
+}
