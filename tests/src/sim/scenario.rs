@@ -396,14 +396,16 @@ pub fn tree_reduce(c: &Compiled, op: Op, dtype: Dtype, inputs: &[Vec<u8>]) -> Ve
 }
 
 /// Upper bound on a switch's memory for one communicator, from its rules alone (never
-/// from the vector length): the slot pool (times the fan-in in deterministic mode),
+/// from the vector length): the slot pool (2 x mtu per slot for the fp32 accumulator of
+/// fp16/bf16, plus mtu times the fan-in in deterministic mode) and one chunk of scratch,
 /// slot metadata, and two send queues' worth of frames per connection.
 pub fn memory_bound(r: &SwitchRules, deterministic_float: bool) -> u64 {
     let mtu = u64::from(r.mtu);
     let slots = u64::from(r.slots);
-    let stride = if deterministic_float { mtu * r.fan_in().max(1) as u64 } else { mtu };
+    let sub_buffers = if deterministic_float { mtu * r.fan_in().max(1) as u64 } else { 0 };
+    let stride = 2 * mtu + sub_buffers;
     let per_conn = 2 * (2 * u64::from(r.window) + 16) * (mtu + 128);
-    slots * stride + slots * 64 + r.connections.len() as u64 * per_conn
+    slots * stride + mtu + slots * 64 + r.connections.len() as u64 * per_conn
 }
 
 /// Packets a switch retransmitted.

@@ -6,7 +6,7 @@
 //! dropped.
 
 use inc_protocol::coll::CollOp;
-use inc_wire::reduce;
+use inc_wire::{reduce, DataType};
 
 use super::mask::ChildMask;
 
@@ -45,26 +45,48 @@ pub(crate) enum Contribution {
     Rejected,
 }
 
+/// Bytes of a slot's accumulator per wire byte, the most any type needs: fp16 and
+/// bf16 accumulate in fp32.
+fn acc_ratio() -> usize {
+    DataType::ALL.iter().map(|d| d.acc_size() / d.size()).max().unwrap_or(1)
+}
+
+/// Slot layout. A slot holds the first contribution as it arrived (wire bytes), so a
+/// chunk with one contributor (Broadcast, Reduce below one child) leaves exactly as it
+/// came. Further contributions combine into it; for types a switch accumulates in
+/// fp32 (fp16, bf16: `DataType::accumulates_in_f32`) the second one first widens the
+/// slot into an fp32 accumulator (`acc_ratio` x the wire bytes, hence the stride) and
+/// the result is rounded to the wire type once, when it leaves: one rounding per hop.
 #[derive(Debug)]
 pub(crate) struct SlotPool {
     meta: Vec<SlotMeta>,
     /// `slots x stride` bytes.
     bytes: Vec<u8>,
     mtu: usize,
-    /// `mtu`, or `mtu x fan-in` when every child keeps its own sub-buffer so that floats
-    /// can be combined in a fixed order whatever the arrival order.
+    /// `mtu x acc_ratio`, or in deterministic mode `mtu x fan-in` (every child keeps
+    /// its own sub-buffer so that floats can be combined in a fixed order whatever the
+    /// arrival order) plus `mtu x acc_ratio` for the accumulator.
     stride: usize,
+    /// Where the accumulator starts in a slot: 0, or `mtu x fan-in` in deterministic
+    /// mode.
+    acc_at: usize,
+    /// One chunk of wire bytes: a widened slot's first contribution on its way into
+    /// the accumulator, and a rounded result on its way out.
+    scratch: Vec<u8>,
     deterministic: bool,
 }
 
 impl SlotPool {
     pub(crate) fn new(slots: usize, mtu: usize, fan_in: usize, deterministic: bool) -> SlotPool {
-        let stride = if deterministic { mtu * fan_in.max(1) } else { mtu };
+        let acc = mtu * acc_ratio();
+        let acc_at = if deterministic { mtu * fan_in.max(1) } else { 0 };
         SlotPool {
             meta: vec![FREE; slots],
-            bytes: vec![0; slots * stride],
+            bytes: vec![0; slots * (acc_at + acc)],
             mtu,
-            stride,
+            stride: acc_at + acc,
+            acc_at,
+            scratch: vec![0; mtu],
             deterministic,
         }
     }
@@ -109,18 +131,28 @@ impl SlotPool {
             return Contribution::Rejected;
         }
         let base = slot * self.stride;
+        let dtype = op.datatype;
         if self.deterministic {
             let at = base + child * self.mtu;
             self.bytes[at..at + payload.len()].copy_from_slice(payload);
         } else if meta.arrived.is_empty() {
             self.bytes[base..base + payload.len()].copy_from_slice(payload);
-        } else {
+        } else if !dtype.accumulates_in_f32() {
             reduce::combine_be(
                 op.operator,
-                op.datatype,
+                dtype,
                 &mut self.bytes[base..base + payload.len()],
                 payload,
             );
+        } else {
+            let n = payload.len() / dtype.size();
+            let acc = &mut self.bytes[base..base + n * dtype.acc_size()];
+            if meta.arrived.len() == 1 {
+                // The second contribution: widen the first into the accumulator.
+                self.scratch[..payload.len()].copy_from_slice(&acc[..payload.len()]);
+                reduce::widen_be(dtype, acc, &self.scratch[..payload.len()]);
+            }
+            reduce::accumulate_be(op.operator, dtype, acc, payload);
         }
         meta.arrived.insert(child);
         Contribution::Stored { slot, arrived: meta.arrived }
@@ -158,11 +190,20 @@ impl SlotPool {
         payload: &[u8],
         out: &mut [u8],
     ) -> usize {
-        let len = self.meta[slot].len.min(payload.len()).min(out.len());
+        let m = self.meta[slot];
+        let len = m.len.min(payload.len()).min(out.len());
         let base = slot * self.stride;
-        let held = &self.bytes[base..base + len];
-        op.datatype.size()
-            * reduce::combine_be_into(op.operator, op.datatype, &mut out[..len], held, payload)
+        let dtype = op.datatype;
+        let n = if dtype.accumulates_in_f32() && m.arrived.len() > 1 {
+            let acc = &self.bytes[base..base + len / dtype.size() * dtype.acc_size()];
+            reduce::accumulate_narrow_be(op.operator, dtype, &mut out[..len], acc, payload)
+        } else {
+            // Two contributions of a half type: combining them is one fp32 operation
+            // and one rounding, as the accumulator would do.
+            let held = &self.bytes[base..base + len];
+            reduce::combine_be_into(op.operator, dtype, &mut out[..len], held, payload)
+        };
+        n * dtype.size()
     }
 
     /// Whether a chunk at `pos` would be refused as [`Contribution::SlotBusy`] now.
@@ -176,32 +217,40 @@ impl SlotPool {
     }
 
     /// The aggregated chunk of a complete slot. In deterministic mode this folds the
-    /// contributors' sub-buffers in ascending child order first.
+    /// contributors' sub-buffers in ascending child order first. Types accumulated in
+    /// fp32 are rounded to the wire type here, once.
     pub(crate) fn aggregate(&mut self, slot: usize, op: &CollOp, contributors: ChildMask) -> &[u8] {
-        let len = self.meta[slot].len;
+        let m = self.meta[slot];
+        let len = m.len;
         let base = slot * self.stride;
+        let dtype = op.datatype;
+        let acc_len = len / dtype.size() * dtype.acc_size();
         if self.deterministic {
-            let mut first = None;
-            for child in contributors.iter() {
-                match first {
-                    None => first = Some(child),
-                    Some(into) => {
-                        let (acc, rest) =
-                            self.bytes[base..base + self.stride].split_at_mut(child * self.mtu);
-                        reduce::combine_be(
-                            op.operator,
-                            op.datatype,
-                            &mut acc[into * self.mtu..into * self.mtu + len],
-                            &rest[..len],
-                        );
-                    }
-                }
-            }
-            let into = first.unwrap_or(0);
-            if into != 0 {
-                let from = base + into * self.mtu;
+            let mut children = contributors.iter();
+            let first = children.next().unwrap_or(0);
+            let sub = |child: usize| base + child * self.mtu;
+            if contributors.len() <= 1 {
+                let from = sub(first);
                 self.bytes.copy_within(from..from + len, base);
+                return &self.bytes[base..base + len];
             }
+            let (subs, rest) = self.bytes[base..base + self.stride].split_at_mut(self.acc_at);
+            let acc = &mut rest[..acc_len];
+            reduce::widen_be(dtype, acc, &subs[first * self.mtu..first * self.mtu + len]);
+            for child in children {
+                let from = &subs[child * self.mtu..child * self.mtu + len];
+                reduce::accumulate_be(op.operator, dtype, acc, from);
+            }
+            let acc = base + self.acc_at;
+            if dtype.accumulates_in_f32() {
+                reduce::narrow_be(dtype, &mut self.scratch[..len], &self.bytes[acc..acc + acc_len]);
+                return &self.scratch[..len];
+            }
+            return &self.bytes[acc..acc + len];
+        }
+        if dtype.accumulates_in_f32() && m.arrived.len() > 1 {
+            reduce::narrow_be(dtype, &mut self.scratch[..len], &self.bytes[base..base + acc_len]);
+            return &self.scratch[..len];
         }
         &self.bytes[base..base + len]
     }
@@ -236,7 +285,7 @@ impl SlotPool {
     }
 
     pub(crate) fn memory_bytes(&self) -> usize {
-        self.bytes.len() + self.meta.len() * std::mem::size_of::<SlotMeta>()
+        self.bytes.len() + self.scratch.len() + self.meta.len() * std::mem::size_of::<SlotMeta>()
     }
 }
 
@@ -331,6 +380,8 @@ mod tests {
         pool.free_collective(4);
         assert!(pool.filled_early(4, ChildMask::single(0)).is_empty());
         assert_eq!(pool.meta(1).seq, 5, "other collectives keep their slots");
-        assert_eq!(pool.memory_bytes(), 8 * 8 + 8 * std::mem::size_of::<SlotMeta>());
+        // Slots of 2 x mtu (room for an fp32 accumulator of fp16/bf16) and one chunk
+        // of scratch.
+        assert_eq!(pool.memory_bytes(), 8 * 16 + 8 + 8 * std::mem::size_of::<SlotMeta>());
     }
 }

@@ -407,7 +407,7 @@ impl Net {
             let s = spec(r as u16);
             let h = self.host(r);
             h.input = input(r as u16);
-            h.output = vec![0xEE; (s.count * 4) as usize];
+            h.output = vec![0xEE; s.count as usize * s.dtype.size()];
             h.result = None;
             h.spec = Some(s);
             h.engine.start(now, s).unwrap();
@@ -467,6 +467,7 @@ fn allreduce(net: &mut Net, world: u16, count: u64, round: u32) {
 }
 
 mod collectives;
+mod datatypes;
 mod faults;
 mod robustness;
 mod throughput;
