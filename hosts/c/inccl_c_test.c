@@ -160,9 +160,20 @@ int main(int argc, char **argv) {
 
     CHECK(inccl_barrier(c));
     /* A user error is reported, not fatal. */
-    if (inccl_allreduce(c, si, di, count, (inccl_datatype_t)9, INCCL_SUM) != INCCL_EINVAL ||
-        strstr(inccl_last_error(), "datatype 9") == NULL) {
+    if (inccl_allreduce(c, si, di, count, (inccl_datatype_t)42, INCCL_SUM) != INCCL_EINVAL ||
+        strstr(inccl_last_error(), "datatype 42") == NULL) {
         fprintf(stderr, "rank %d: bad datatype was not reported: %s\n", rank_, inccl_last_error());
+        failures++;
+    }
+    /* A bitwise operator on a float type is refused before anything is sent. */
+    if (inccl_allreduce(c, sf, df, count, INCCL_FLOAT32, INCCL_BAND) != INCCL_EINVAL ||
+        strstr(inccl_last_error(), "band does not apply to datatype float32") == NULL) {
+        fprintf(stderr, "rank %d: float BAND was not refused: %s\n", rank_, inccl_last_error());
+        failures++;
+    }
+    if (inccl_datatype_size(INCCL_BFLOAT16) != 2 || inccl_datatype_size(INCCL_FLOAT64) != 8 ||
+        inccl_datatype_size(INCCL_INT8) != 1 || inccl_datatype_size((inccl_datatype_t)42) != 0) {
+        fprintf(stderr, "rank %d: inccl_datatype_size is wrong\n", rank_);
         failures++;
     }
     CHECK(inccl_communicator_destroy(c));

@@ -37,18 +37,39 @@
 extern "C" {
 #endif
 
-/* Element types (values of the INC immediate's datatype field). */
+/* Element types (values of the INC immediate's datatype field; the rows of the
+ * datatype table in wire/src/dtype.rs). fp16 and bf16 are accumulated in fp32 in each
+ * switch and rounded once per hop. */
 typedef enum {
     INCCL_INT32 = 0,
-    INCCL_FLOAT32 = 1
+    INCCL_FLOAT32 = 1,
+    INCCL_INT8 = 2,
+    INCCL_UINT8 = 3,
+    INCCL_UINT32 = 4,
+    INCCL_INT64 = 5,
+    INCCL_UINT64 = 6,
+    INCCL_FLOAT16 = 7,
+    INCCL_BFLOAT16 = 8,
+    INCCL_FLOAT64 = 9
 } inccl_datatype_t;
 
-/* Reduction operators (values of the INC immediate's operator field). */
+/* Reduction operators (values of the INC immediate's operator code). Integers wrap for
+ * SUM and PROD; the bitwise operators take integer types only (anything else is
+ * INCCL_EINVAL before anything is sent); AVG sums in the network and divides by the
+ * world size on the hosts (integers: truncating). */
 typedef enum {
     INCCL_SUM = 1,
     INCCL_MAX = 2,
-    INCCL_MIN = 3
+    INCCL_MIN = 3,
+    INCCL_PROD = 4,
+    INCCL_AVG = 5,
+    INCCL_BAND = 6,
+    INCCL_BOR = 7,
+    INCCL_BXOR = 8
 } inccl_op_t;
+
+/* Bytes per element of dtype; 0 (and inccl_last_error() set) for an unknown type. */
+size_t inccl_datatype_size(inccl_datatype_t dtype);
 
 /* Return codes. */
 #define INCCL_OK 0

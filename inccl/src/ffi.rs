@@ -107,18 +107,28 @@ fn arg_u16(v: c_int, what: &str) -> Result<u16> {
     u16::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} is out of range")))
 }
 
+/// The C enum values are the codes of the `inc-wire` tables.
 fn dtype(v: c_int) -> Result<DataType> {
-    DataType::from_c(v).ok_or_else(|| {
-        Error::InvalidArgument(format!("datatype {v} is not INCCL_INT32 (0) or INCCL_FLOAT32 (1)"))
+    u8::try_from(v).ok().and_then(DataType::from_code).ok_or_else(|| {
+        let valid: Vec<String> = DataType::ALL
+            .iter()
+            .map(|d| format!("INCCL_{} ({})", d.name().to_uppercase(), d.code()))
+            .collect();
+        Error::InvalidArgument(format!("datatype {v} is not one of {}", valid.join(", ")))
     })
 }
 
 fn op(v: c_int) -> Result<ReduceOp> {
-    ReduceOp::from_c(v).ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "operator {v} is not INCCL_SUM (1), INCCL_MAX (2) or INCCL_MIN (3)"
-        ))
-    })
+    u8::try_from(v)
+        .ok()
+        .and_then(ReduceOp::from_code)
+        .filter(|o| *o != ReduceOp::Barrier)
+        .ok_or_else(|| {
+            let valid: Vec<String> = ReduceOp::reductions()
+                .map(|o| format!("INCCL_{} ({})", o.name().to_uppercase(), o.code()))
+                .collect();
+            Error::InvalidArgument(format!("operator {v} is not one of {}", valid.join(", ")))
+        })
 }
 
 fn byte_len(count: usize, dt: DataType, what: &str) -> Result<usize> {
@@ -449,6 +459,12 @@ pub unsafe extern "C" fn inccl_barrier(comm: *mut inccl_communicator) -> c_int {
     )
 }
 
+/// Bytes per element of `dtype`; 0 (and `inccl_last_error` set) for an unknown type.
+#[no_mangle]
+pub extern "C" fn inccl_datatype_size(dtype: c_int) -> usize {
+    guard(|_| 0, || self::dtype(dtype).map(DataType::size))
+}
+
 /// Message of the last failed call on this thread ("" if none). Valid until the next
 /// INCCL call on the same thread.
 #[no_mangle]
@@ -550,7 +566,13 @@ mod tests {
 
     #[test]
     fn argument_checks() {
-        assert!(dtype(5).unwrap_err().to_string().contains("datatype 5"));
+        let e = dtype(10).unwrap_err().to_string();
+        assert!(e.contains("datatype 10") && e.contains("INCCL_BFLOAT16 (8)"), "{e}");
+        assert_eq!(inccl_datatype_size(DataType::Float64.code().into()), 8);
+        assert_eq!(inccl_datatype_size(DataType::Bfloat16.code().into()), 2);
+        assert_eq!(inccl_datatype_size(-1), 0);
+        assert!(op(0).unwrap_err().to_string().contains("INCCL_BXOR (8)"));
+        assert_eq!(op(5).unwrap(), ReduceOp::Avg);
         assert!(op(0).unwrap_err().to_string().contains("operator 0"));
         assert!(byte_len(usize::MAX / 2, DataType::Int32, "x").is_err());
         let a = [0u8; 16];

@@ -160,9 +160,7 @@ impl Communicator {
 
     /// In-place AllReduce.
     pub fn allreduce_in_place<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let count = buf.len() as u64;
-        let spec = self.spec(CollectiveKind::AllReduce, op, T::DTYPE, count);
-        self.run(spec, OpBuffers::InPlace(bytemuck::cast_slice_mut(buf)))
+        self.allreduce_bytes_in_place(bytemuck::cast_slice_mut(buf), T::DTYPE, op)
     }
 
     /// Reduce to `root`: `dst` is written on the root only (pass an empty slice elsewhere).
@@ -214,8 +212,10 @@ impl Communicator {
                 src.len()
             )));
         }
-        let spec = self.spec(CollectiveKind::AllReduce, op, dtype, count);
-        self.run(spec, OpBuffers::Separate { src, dst })
+        let spec = self.spec(CollectiveKind::AllReduce, op, dtype, count)?;
+        self.run(spec, OpBuffers::Separate { src, dst: &mut *dst })?;
+        self.finalize(op, dtype, dst);
+        Ok(())
     }
 
     /// In-place AllReduce on a native-endian byte buffer.
@@ -226,8 +226,10 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let count = elements(buf, dtype, "buffer")?;
-        let spec = self.spec(CollectiveKind::AllReduce, op, dtype, count);
-        self.run(spec, OpBuffers::InPlace(buf))
+        let spec = self.spec(CollectiveKind::AllReduce, op, dtype, count)?;
+        self.run(spec, OpBuffers::InPlace(&mut *buf))?;
+        self.finalize(op, dtype, buf);
+        Ok(())
     }
 
     /// Reduce on byte buffers; `dst` is used on the root only.
@@ -241,7 +243,7 @@ impl Communicator {
     ) -> Result<()> {
         self.check_root(root)?;
         let count = elements(src, dtype, "source")?;
-        let spec = self.spec(CollectiveKind::Reduce { root }, op, dtype, count);
+        let spec = self.spec(CollectiveKind::Reduce { root }, op, dtype, count)?;
         if self.rank() == root {
             if dst.len() != src.len() {
                 return Err(Error::InvalidArgument(format!(
@@ -250,7 +252,9 @@ impl Communicator {
                     src.len()
                 )));
             }
-            self.run(spec, OpBuffers::Separate { src, dst })
+            self.run(spec, OpBuffers::Separate { src, dst: &mut *dst })?;
+            self.finalize(op, dtype, dst);
+            Ok(())
         } else {
             self.run(spec, OpBuffers::SendOnly(src))
         }
@@ -266,9 +270,11 @@ impl Communicator {
     ) -> Result<()> {
         self.check_root(root)?;
         let count = elements(buf, dtype, "buffer")?;
-        let spec = self.spec(CollectiveKind::Reduce { root }, op, dtype, count);
+        let spec = self.spec(CollectiveKind::Reduce { root }, op, dtype, count)?;
         if self.rank() == root {
-            self.run(spec, OpBuffers::InPlace(buf))
+            self.run(spec, OpBuffers::InPlace(&mut *buf))?;
+            self.finalize(op, dtype, buf);
+            Ok(())
         } else {
             self.run(spec, OpBuffers::SendOnly(buf))
         }
@@ -279,7 +285,7 @@ impl Communicator {
         self.check_root(root)?;
         let count = elements(buf, dtype, "buffer")?;
         // The operator field of a Broadcast is not used for arithmetic.
-        let spec = self.spec(CollectiveKind::Broadcast { root }, ReduceOp::Sum, dtype, count);
+        let spec = self.spec(CollectiveKind::Broadcast { root }, ReduceOp::Sum, dtype, count)?;
         if self.rank() == root {
             self.run(spec, OpBuffers::SendOnly(buf))
         } else {
@@ -295,14 +301,27 @@ impl Communicator {
         barrier.and(removed)
     }
 
+    /// The collective, or `InvalidArgument` naming the type and operator when `op`
+    /// cannot reduce `dtype` (refused before anything is sent, the same way on every
+    /// rank).
     fn spec(
         &self,
         kind: CollectiveKind,
         op: ReduceOp,
         dtype: DataType,
         count: u64,
-    ) -> CollectiveSpec {
-        CollectiveSpec { kind, op: op.to_wire(), dtype: dtype.to_wire(), count }
+    ) -> Result<CollectiveSpec> {
+        if !matches!(kind, CollectiveKind::Broadcast { .. }) {
+            if let Some(why) = crate::types::refuse(op, dtype) {
+                return Err(Error::InvalidArgument(why));
+            }
+        }
+        Ok(CollectiveSpec { kind, op, dtype, count })
+    }
+
+    /// AVG's last step on a result this rank received: divide by the world size.
+    fn finalize(&self, op: ReduceOp, dtype: DataType, result: &mut [u8]) {
+        inc_wire::reduce::finalize_native(op, dtype, result, self.world_size());
     }
 
     fn check_root(&self, root: u16) -> Result<()> {

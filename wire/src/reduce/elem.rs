@@ -51,6 +51,10 @@ pub trait Elem: Copy + PartialEq + fmt::Debug + Send + Sync + 'static {
     /// canonical; overflow to infinity).
     fn narrow(acc: Self::Acc) -> Self;
 
+    /// AVG's final step on a host: `self / n` (integers: truncating division, as
+    /// NCCL; floats: IEEE division at the type's width, rounded once, NaN canonical).
+    fn div_count(self, n: u16) -> Self;
+
     /// `a op b` for any operator (`Barrier` and operators that do not apply to the
     /// type give `a`): the scalar form of the kernels.
     #[inline(always)]
@@ -118,6 +122,11 @@ macro_rules! int_elem {
             #[inline(always)]
             fn bxor(self, b: Self) -> Self { self ^ b }
             #[inline(always)]
+            fn div_count(self, n: u16) -> Self {
+                // Truncating; `MIN / n` cannot overflow for n >= 1 (n = 0 gives self).
+                if n == 0 { self } else { self.wrapping_div(n as $t) }
+            }
+            #[inline(always)]
             fn widen(self) -> Self { self }
             #[inline(always)]
             fn narrow(acc: Self) -> Self { acc }
@@ -176,6 +185,8 @@ macro_rules! float_elem {
             fn bor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() | b.to_bits()) }
             #[inline(always)]
             fn bxor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() ^ b.to_bits()) }
+            #[inline(always)]
+            fn div_count(self, n: u16) -> Self { canon(self / <$t>::from(n)) }
             #[inline(always)]
             fn widen(self) -> Self { self }
             #[inline(always)]
@@ -242,6 +253,10 @@ macro_rules! half_elem {
             fn bor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() | b.to_bits()) }
             #[inline(always)]
             fn bxor(self, b: Self) -> Self { <$t>::from_bits(self.to_bits() ^ b.to_bits()) }
+            // In f32 and rounded once more: f32's 24 bits >= 2p + 2, so the result is
+            // the correctly rounded quotient at the half type's width.
+            #[inline(always)]
+            fn div_count(self, n: u16) -> Self { Self::narrow(self.widen() / f32::from(n)) }
             #[inline(always)]
             fn widen(self) -> f32 { self.to_f32() }
             #[inline(always)]
@@ -292,5 +307,11 @@ mod tests {
         assert_eq!(u8::MAX.maximum(1), u8::MAX);
         assert_eq!((-1i64).maximum(1), 1);
         assert_eq!(u64::MAX.prod(u64::MAX), 1);
+        assert_eq!((-7i32).div_count(2), -3, "truncating, as NCCL");
+        assert_eq!(i8::MIN.div_count(1), i8::MIN);
+        assert_eq!(7u8.div_count(0), 7);
+        assert_eq!(1.0f32.div_count(3), 1.0 / 3.0);
+        assert_eq!(f16::from_f32(1.0).div_count(3), f16::from_f32(1.0 / 3.0));
+        assert_eq!(bf16::ONE.div_count(0).to_bits(), bf16::INFINITY.to_bits());
     }
 }

@@ -177,6 +177,29 @@ pub fn accumulate_narrow_be(
     Kernel::AccumulateNarrow { op, dtype, out, acc, wire }.run()
 }
 
+/// The hosts' last step of `op` on a *native-order* result vector of `dtype` from a
+/// communicator of `world` ranks: AVG divides every element by `world`
+/// ([`Elem::div_count`]); every other operator leaves the vector as it is. Returns the
+/// elements changed.
+pub fn finalize_native(op: Operator, dtype: DataType, buf: &mut [u8], world: u16) -> usize {
+    struct Finalize<'a>(&'a mut [u8], u16);
+    impl TypeVisitor for Finalize<'_> {
+        type Output = usize;
+        fn visit<E: Elem>(self) -> usize {
+            let mut n = 0;
+            for c in self.0.chunks_exact_mut(E::SIZE) {
+                E::load_ne(c).div_count(self.1).store_ne(c);
+                n += 1;
+            }
+            n
+        }
+    }
+    if op != Operator::Avg {
+        return 0;
+    }
+    dtype.visit(Finalize(buf, world))
+}
+
 /// An element operation as a type, so that each (type, operator) pair gets its own
 /// function: LLVM vectorised only some loops of one function holding every operator's.
 pub(crate) trait BinOp {

@@ -352,6 +352,43 @@ proptest! {
         }
     }
 
+    /// AVG's host step: integers truncate, floats divide once at their width.
+    #[test]
+    fn finalize_divides_for_avg_only(
+        (dtype, pairs) in pairs(40),
+        world in 1u16..9,
+        op in op_strategy(),
+    ) {
+        let native: Vec<u8> = pairs
+            .iter()
+            .flat_map(|p| {
+                let mut b = p.0.to_be_bytes()[8 - dtype.size()..].to_vec();
+                if cfg!(target_endian = "little") {
+                    b.reverse();
+                }
+                b
+            })
+            .collect();
+        let mut buf = native.clone();
+        let n = finalize_native(op, dtype, &mut buf, world);
+        if op != Operator::Avg {
+            prop_assert_eq!(n, 0);
+            prop_assert_eq!(buf, native);
+            return Ok(());
+        }
+        prop_assert_eq!(n, pairs.len());
+        let mut net = vec![0u8; buf.len()];
+        to_network(dtype, &buf, &mut net);
+        for (i, p) in pairs.iter().enumerate() {
+            let want = if dtype.is_integer() {
+                (to_i128(dtype, p.0) / i128::from(world)) as u64 & mask(dtype)
+            } else {
+                from_f64(dtype, to_f64(dtype, p.0) / f64::from(world))
+            };
+            prop_assert_eq!(element_at(dtype, &net, i), want, "{} {:#x} / {}", dtype, p.0, world);
+        }
+    }
+
     #[test]
     fn byte_order_round_trip(
         dtype in proptest::sample::select(DataType::ALL.to_vec()),
