@@ -308,6 +308,9 @@ impl<E: Elem> OpVisitor for TypedOp<'_, E> {
 /// Every kernel for element type `E` and operation `O`.
 #[inline(always)]
 pub(crate) fn typed_kernel<E: Elem, O: BinOp>(k: Kernel<'_>) -> usize {
+    if E::BLOCKED {
+        return blocked_kernel::<E, O>(k);
+    }
     match k {
         Kernel::Combine { acc, other, .. } => zip_in_place::<E, E>(acc, other, O::apply::<E>),
         Kernel::CombineInto { out, a, b, .. } => zip_into::<E, E, E>(out, a, b, O::apply::<E>),
@@ -319,6 +322,94 @@ pub(crate) fn typed_kernel<E: Elem, O: BinOp>(k: Kernel<'_>) -> usize {
         }
         Kernel::Widen { acc, wire, .. } => map::<E, E::Acc>(acc, wire, E::widen),
         Kernel::Narrow { out, acc, .. } => map::<E::Acc, E>(out, acc, E::narrow),
+        Kernel::Swap { .. } => unreachable!("handled by run_kernel"),
+    }
+}
+
+/// The kernels for the types with [`Elem::BLOCKED`], a [`elem::BLOCK`] of elements at a
+/// time: widen the block (`Elem::widen_block`, F16C where there is one), combine in
+/// fp32, narrow it. The same bits as the element-wise definitions.
+#[inline(always)]
+fn blocked_kernel<E: Elem, O: BinOp>(k: Kernel<'_>) -> usize {
+    use elem::BLOCK;
+    let (s, t) = (E::SIZE, E::Acc::SIZE);
+    let mut x = [E::Acc::default(); BLOCK];
+    let mut y = [E::Acc::default(); BLOCK];
+    let load = |acc: &[u8], x: &mut [E::Acc]| {
+        for (a, v) in acc.chunks_exact(t).zip(x.iter_mut()) {
+            *v = E::Acc::load_be(a);
+        }
+    };
+    let store = |x: &[E::Acc], acc: &mut [u8]| {
+        for (v, a) in x.iter().zip(acc.chunks_exact_mut(t)) {
+            v.store_be(a);
+        }
+    };
+    let combine = |x: &mut [E::Acc], y: &[E::Acc]| {
+        for (a, b) in x.iter_mut().zip(y) {
+            *a = O::apply(*a, *b);
+        }
+    };
+    let blocks = |n: usize| (0..n).step_by(BLOCK).map(move |i| (i, BLOCK.min(n - i)));
+    match k {
+        Kernel::Combine { acc, other, .. } => {
+            let n = acc.len().min(other.len()) / s;
+            for (i, m) in blocks(n) {
+                let a = &mut acc[i * s..(i + m) * s];
+                E::widen_block(a, &mut x[..m]);
+                E::widen_block(&other[i * s..(i + m) * s], &mut y[..m]);
+                combine(&mut x[..m], &y[..m]);
+                E::narrow_block(&x[..m], a);
+            }
+            n
+        }
+        Kernel::CombineInto { out, a, b, .. } => {
+            let n = out.len().min(a.len()).min(b.len()) / s;
+            for (i, m) in blocks(n) {
+                E::widen_block(&a[i * s..(i + m) * s], &mut x[..m]);
+                E::widen_block(&b[i * s..(i + m) * s], &mut y[..m]);
+                combine(&mut x[..m], &y[..m]);
+                E::narrow_block(&x[..m], &mut out[i * s..(i + m) * s]);
+            }
+            n
+        }
+        Kernel::Accumulate { acc, wire, .. } => {
+            let n = (acc.len() / t).min(wire.len() / s);
+            for (i, m) in blocks(n) {
+                let a = &mut acc[i * t..(i + m) * t];
+                load(a, &mut x[..m]);
+                E::widen_block(&wire[i * s..(i + m) * s], &mut y[..m]);
+                combine(&mut x[..m], &y[..m]);
+                store(&x[..m], a);
+            }
+            n
+        }
+        Kernel::AccumulateNarrow { out, acc, wire, .. } => {
+            let n = (out.len() / s).min(acc.len() / t).min(wire.len() / s);
+            for (i, m) in blocks(n) {
+                load(&acc[i * t..(i + m) * t], &mut x[..m]);
+                E::widen_block(&wire[i * s..(i + m) * s], &mut y[..m]);
+                combine(&mut x[..m], &y[..m]);
+                E::narrow_block(&x[..m], &mut out[i * s..(i + m) * s]);
+            }
+            n
+        }
+        Kernel::Widen { acc, wire, .. } => {
+            let n = (acc.len() / t).min(wire.len() / s);
+            for (i, m) in blocks(n) {
+                E::widen_block(&wire[i * s..(i + m) * s], &mut x[..m]);
+                store(&x[..m], &mut acc[i * t..(i + m) * t]);
+            }
+            n
+        }
+        Kernel::Narrow { out, acc, .. } => {
+            let n = (out.len() / s).min(acc.len() / t);
+            for (i, m) in blocks(n) {
+                load(&acc[i * t..(i + m) * t], &mut x[..m]);
+                E::narrow_block(&x[..m], &mut out[i * s..(i + m) * s]);
+            }
+            n
+        }
         Kernel::Swap { .. } => unreachable!("handled by run_kernel"),
     }
 }
