@@ -4,8 +4,10 @@
 # size, rank 0's address and the controller (set by `inc-controller export`); the run
 # is chosen by the environment or the options:
 #
-#   inc-collective [allreduce|reduce|broadcast|barrier] [--count N] [--dtype int32|float32]
-#                  [--op sum|max|min] [--root R] [--iters N] [--warmup N]
+#   inc-collective [allreduce|reduce|broadcast|barrier] [--count N] [--dtype T[,T...]|all]
+#                  [--op OP[,OP...]|all] [--root R] [--iters N] [--warmup N]
+#
+#   (types and operators as the host programs: inccl-allreduce --help)
 #
 #   INC_COLLECTIVE (allreduce), INC_COUNT (65536), INC_DTYPE (int32), INC_OP (sum),
 #   INC_ROOT (0), INC_ITERS (1), INC_WARMUP (0)

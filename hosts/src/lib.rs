@@ -36,14 +36,16 @@ pub struct Args {
     /// Root rank of Reduce and Broadcast.
     #[arg(long, default_value_t = 0)]
     pub root: u16,
-    /// Element type: int32, float32, int8, uint8, uint32, int64, uint64, float16,
-    /// bfloat16 or float64 (the rows of the datatype table).
-    #[arg(long, default_value = "int32")]
-    pub dtype: DataType,
-    /// Operator: sum, max, min, prod, avg, band, bor or bxor (bitwise: integer types
-    /// only).
-    #[arg(long, default_value = "sum")]
-    pub op: ReduceOp,
+    /// Element types, comma separated, or `all`: int32, float32, int8, uint8, uint32,
+    /// int64, uint64, float16, bfloat16, float64 (the rows of the datatype table). Every
+    /// (type, operator) pair runs in turn on one communicator.
+    #[arg(long = "dtype", value_delimiter = ',', default_value = "int32")]
+    pub dtypes: Vec<Choice<DataType>>,
+    /// Operators, comma separated, or `all`: sum, max, min, prod, avg, band, bor, bxor.
+    /// Bitwise operators take integer types only: naming one with a float type is an
+    /// error; `all` leaves out the pairs that do not apply.
+    #[arg(long = "op", value_delimiter = ',', default_value = "sum")]
+    pub ops: Vec<Choice<ReduceOp>>,
     /// Timed iterations (each one verified).
     #[arg(long, default_value_t = 1)]
     pub iters: u32,
@@ -59,10 +61,84 @@ pub struct Args {
     /// Also print every timed iteration's time (a `#  iter_us` line), for histograms.
     #[arg(long)]
     pub print_times: bool,
+    /// Check the arguments (names, type x operator pairs, root) and exit without
+    /// connecting: prints the pairs that would run.
+    #[arg(long)]
+    pub check: bool,
     /// After printing the result, wait for end of input on stdin before destroying the
     /// communicator, so a harness can read the switches' per-communicator counters.
     #[arg(long)]
     pub wait_stdin: bool,
+}
+
+/// One value of a list option, or `all` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice<T> {
+    /// Every row of the table.
+    All,
+    /// One named row.
+    One(T),
+}
+
+impl<T: std::str::FromStr> std::str::FromStr for Choice<T> {
+    type Err = T::Err;
+    fn from_str(s: &str) -> Result<Self, T::Err> {
+        if s.eq_ignore_ascii_case("all") {
+            Ok(Choice::All)
+        } else {
+            s.parse().map(Choice::One)
+        }
+    }
+}
+
+/// The rows a list option names, in the order given (`all` in table order), each once.
+fn expand<T: Copy + PartialEq>(choices: &[Choice<T>], all: &[T]) -> Vec<T> {
+    let mut rows: Vec<T> = Vec::new();
+    for c in choices {
+        let add: Vec<T> = match c {
+            Choice::All => all.to_vec(),
+            Choice::One(t) => vec![*t],
+        };
+        for t in add {
+            if !rows.contains(&t) {
+                rows.push(t);
+            }
+        }
+    }
+    rows
+}
+
+impl Args {
+    /// The (type, operator) pairs to run, in order: every type with every operator that
+    /// applies to it. A pair that does not apply is an error when both were named
+    /// explicitly, and left out when `all` brought it in. Broadcast and Barrier have no
+    /// operator: one pair per type with SUM (its inputs are SUM's).
+    pub fn pairs(&self, which: Collective) -> anyhow::Result<Vec<(DataType, ReduceOp)>> {
+        let dtypes = expand(&self.dtypes, DataType::ALL);
+        let ops = match which {
+            Collective::Broadcast | Collective::Barrier => vec![ReduceOp::Sum],
+            _ => expand(&self.ops, &ReduceOp::reductions().collect::<Vec<_>>()),
+        };
+        let dtypes_named = !self.dtypes.contains(&Choice::All);
+        let ops_named = !self.ops.contains(&Choice::All);
+        let mut pairs = Vec::new();
+        for &d in &dtypes {
+            for &o in &ops {
+                match o.check(d) {
+                    Ok(()) => pairs.push((d, o)),
+                    Err(e) if dtypes_named && ops_named => bail!("{e}"),
+                    Err(_) => {}
+                }
+            }
+        }
+        if pairs.is_empty() {
+            bail!("no operator of --op applies to any type of --dtype");
+        }
+        if which == Collective::Barrier {
+            pairs.truncate(1);
+        }
+        Ok(pairs)
+    }
 }
 
 /// Input element `i` of rank `r` (INT32 wraps).
@@ -271,9 +347,13 @@ fn input_elem<T: inccl::Element>(op: ReduceOp, i: u64, rank: u16) -> T {
     }
 }
 
-/// Result of one program run.
+/// Result of one (type, operator) pair of a program run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
+    /// Element type.
+    pub dtype: DataType,
+    /// Operator (SUM for Broadcast and Barrier).
+    pub op: ReduceOp,
     /// Every iteration verified.
     pub pass: bool,
     /// Time of each timed iteration.
@@ -284,24 +364,23 @@ fn run_typed<T: inccl::Element>(
     comm: &mut Communicator,
     which: Collective,
     args: &Args,
+    op: ReduceOp,
 ) -> anyhow::Result<Report> {
     let n = usize::try_from(args.count).context("count does not fit this machine's memory")?;
     let (rank, world) = (comm.rank(), comm.world_size());
-    // A Broadcast's operator is not used: its inputs are the SUM ones.
-    let op = if which == Collective::Broadcast { ReduceOp::Sum } else { args.op };
     let src: Vec<T> = (0..n as u64).map(|i| input_elem(op, i, rank)).collect();
     let mut dst: Vec<T> = vec![<T as bytemuck::Zeroable>::zeroed(); n];
     let mut times = Vec::new();
     let mut pass = true;
-    let expected = Expected::new(which, args.dtype, op, args.root, world);
+    let expected = Expected::new(which, T::DTYPE, op, args.root, world);
     for it in 0..args.warmup + args.iters {
         dst.iter_mut().for_each(|v| *v = <T as bytemuck::Zeroable>::zeroed());
         let t = Instant::now();
         match which {
-            Collective::AllReduce => comm.allreduce(&src, &mut dst, args.op)?,
+            Collective::AllReduce => comm.allreduce(&src, &mut dst, op)?,
             Collective::Reduce => {
                 let out: &mut [T] = if rank == args.root { &mut dst } else { &mut [] };
-                comm.reduce(&src, out, args.op, args.root)?
+                comm.reduce(&src, out, op, args.root)?
             }
             Collective::Broadcast => {
                 if rank == args.root {
@@ -331,7 +410,7 @@ fn run_typed<T: inccl::Element>(
             times.push(elapsed);
         }
     }
-    Ok(Report { pass, times })
+    Ok(Report { dtype: T::DTYPE, op, pass, times })
 }
 
 /// [`run_typed`] for a table row's Rust type (every one is an `inccl::Element`).
@@ -339,11 +418,12 @@ fn run_elem<E: inc_wire::reduce::Elem>(
     comm: &mut Communicator,
     which: Collective,
     args: &Args,
+    op: ReduceOp,
 ) -> anyhow::Result<Report> {
     macro_rules! rows {
         ($($t:ty),*) => {
             $(if E::DTYPE == <$t as inc_wire::reduce::Elem>::DTYPE {
-                return run_typed::<$t>(comm, which, args);
+                return run_typed::<$t>(comm, which, args, op);
             })*
         };
     }
@@ -360,38 +440,51 @@ fn run_barrier(comm: &mut Communicator, args: &Args) -> anyhow::Result<Report> {
             times.push(t.elapsed());
         }
     }
-    Ok(Report { pass: true, times })
+    Ok(Report { dtype: DataType::Int32, op: ReduceOp::Sum, pass: true, times })
 }
 
-/// Run a program: create the group and communicator, run and verify, print a
-/// nccl-tests style line. Returns the report (the caller sets the exit code).
-pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
+/// The pairs to run, after the checks that need no peer (names, pairs, root).
+fn checked_pairs(which: Collective, args: &Args) -> anyhow::Result<Vec<(DataType, ReduceOp)>> {
+    if matches!(which, Collective::Reduce | Collective::Broadcast) && args.root >= args.world_size {
+        bail!("--root {} is out of range for world size {}", args.root, args.world_size);
+    }
+    args.pairs(which)
+}
+
+/// Run a program: create the group and communicator, run and verify every (type,
+/// operator) pair in turn, print a nccl-tests style line for each. Returns the reports
+/// (the caller sets the exit code).
+pub fn run(which: Collective, args: &Args) -> anyhow::Result<Vec<Report>> {
+    let pairs = checked_pairs(which, args)?;
     let mut gcfg = GroupConfig::from_env(args.world_size, args.rank, args.master_addr.clone())?;
     if args.controller.is_some() {
         gcfg.controller = args.controller.clone();
     }
-    if matches!(which, Collective::Reduce | Collective::Broadcast) && args.root >= args.world_size {
-        bail!("--root {} is out of range for world size {}", args.root, args.world_size);
-    }
     let group = Group::create(gcfg).context("creating the group")?;
-    let bytes = args.count.saturating_mul(args.dtype.size() as u64);
+    let widest = pairs.iter().map(|(d, _)| d.size() as u64).max().unwrap_or(1);
+    let bytes = args.count.saturating_mul(widest);
     let mut ccfg = CommConfig::from_env(bytes)?;
     if let Some(t) = args.transport {
         ccfg.transport = t;
     }
     let mut comm = group.communicator(ccfg).context("creating the communicator")?;
-    struct Typed<'a>(&'a mut Communicator, Collective, &'a Args);
+    struct Typed<'a>(&'a mut Communicator, Collective, &'a Args, ReduceOp);
     impl inc_wire::TypeVisitor for Typed<'_> {
         type Output = anyhow::Result<Report>;
         fn visit<E: inc_wire::reduce::Elem>(self) -> anyhow::Result<Report> {
-            run_elem::<E>(self.0, self.1, self.2)
+            run_elem::<E>(self.0, self.1, self.2, self.3)
         }
     }
-    let report = match which {
-        Collective::Barrier => run_barrier(&mut comm, args)?,
-        _ => args.dtype.visit(Typed(&mut comm, which, args))?,
-    };
-    print_report(which, args, &report);
+    println!("{REPORT_HEADER}");
+    let mut reports = Vec::new();
+    for (dtype, op) in pairs {
+        let report = match which {
+            Collective::Barrier => run_barrier(&mut comm, args)?,
+            _ => dtype.visit(Typed(&mut comm, which, args, op))?,
+        };
+        print_report(which, args, &report);
+        reports.push(report);
+    }
     if args.wait_stdin {
         use std::io::{Read, Write};
         std::io::stdout().flush().context("flushing the report")?;
@@ -401,7 +494,7 @@ pub fn run(which: Collective, args: &Args) -> anyhow::Result<Report> {
     }
     comm.destroy().context("destroying the communicator")?;
     group.destroy().context("destroying the group")?;
-    Ok(report)
+    Ok(reports)
 }
 
 /// The `q`-quantile (0..=1) of sorted times, nearest rank.
@@ -414,11 +507,10 @@ pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
 }
 
 /// Column header of the result line.
-pub const REPORT_HEADER: &str = "#  rank  collective        size(B)      count    type   op  root  iters    p50(us)  min(us)  p99(us)  max(us)  algbw(GB/s)  algbw(Gbps)  result";
+pub const REPORT_HEADER: &str = "#  rank  collective        size(B)      count     type   op  root  iters    p50(us)  min(us)  p99(us)  max(us)  algbw(GB/s)  algbw(Gbps)  result";
 
 fn print_report(which: Collective, args: &Args, r: &Report) {
-    let bytes =
-        if which == Collective::Barrier { 0 } else { args.count * args.dtype.size() as u64 };
+    let bytes = if which == Collective::Barrier { 0 } else { args.count * r.dtype.size() as u64 };
     let mut sorted = r.times.clone();
     sorted.sort();
     let p50 = quantile(&sorted, 0.5);
@@ -430,18 +522,17 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
         Collective::Broadcast => "broadcast",
         Collective::Barrier => "barrier",
     };
-    println!("{REPORT_HEADER}");
     println!(
-        "  {:>5}  {:<10} {:>14} {:>10} {:>7} {:>4} {:>5} {:>6} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.3} {:>12.3}  {}",
+        "  {:>5}  {:<10} {:>14} {:>10} {:>8} {:>4} {:>5} {:>6} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.3} {:>12.3}  {}",
         args.rank,
         name,
         bytes,
         if which == Collective::Barrier { 0 } else { args.count },
-        args.dtype,
+        if which == Collective::Barrier { "-".to_string() } else { r.dtype.to_string() },
         if matches!(which, Collective::Broadcast | Collective::Barrier) {
             "-".to_string()
         } else {
-            args.op.to_string()
+            r.op.to_string()
         },
         if matches!(which, Collective::Reduce | Collective::Broadcast) {
             args.root.to_string()
@@ -468,8 +559,21 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
 pub fn main_for(which: Collective) -> std::process::ExitCode {
     inc_log::init("INCCL_LOG", "warn");
     let args = Args::parse();
+    if args.check {
+        return match checked_pairs(which, &args) {
+            Ok(pairs) => {
+                let names: Vec<String> = pairs.iter().map(|(d, o)| format!("{d}/{o}")).collect();
+                println!("{} pairs: {}", pairs.len(), names.join(" "));
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::from(2)
+            }
+        };
+    }
     match run(which, &args) {
-        Ok(r) if r.pass => std::process::ExitCode::SUCCESS,
+        Ok(r) if r.iter().all(|r| r.pass) => std::process::ExitCode::SUCCESS,
         Ok(_) => std::process::ExitCode::from(1),
         Err(e) => {
             eprintln!("rank {}: error: {e:#}", args.rank);
@@ -607,8 +711,45 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((a.world_size, a.rank, a.count, a.root), (4, 2, 1024, 1));
-        assert_eq!((a.dtype, a.op), (DataType::Float32, ReduceOp::Max));
+        assert_eq!(a.pairs(Collective::AllReduce).unwrap(), [(DataType::Float32, ReduceOp::Max)]);
         assert!(Args::try_parse_from(["x", "4", "h", "0", "8", "--op", "mean"]).is_err());
+    }
+
+    /// Lists and `all` expand in order, each row once; a named pair that does not apply
+    /// is refused with both names, one brought in by `all` is left out.
+    #[test]
+    fn type_and_operator_lists() {
+        let parse = |extra: &[&str]| {
+            let mut v = vec!["x", "4", "h", "0", "8"];
+            v.extend_from_slice(extra);
+            Args::try_parse_from(v).unwrap()
+        };
+        use DataType::*;
+        let a = parse(&["--dtype", "bfloat16,int8,bfloat16", "--op", "sum,bxor"]);
+        let e = a.pairs(Collective::AllReduce).unwrap_err().to_string();
+        assert!(e.contains("bxor") && e.contains("bfloat16"), "{e}");
+        let a = parse(&["--dtype", "all", "--op", "band"]);
+        let ints: Vec<DataType> =
+            DataType::ALL.iter().copied().filter(|d| d.is_integer()).collect();
+        let got: Vec<DataType> =
+            a.pairs(Collective::AllReduce).unwrap().iter().map(|p| p.0).collect();
+        assert_eq!(got, ints);
+        let a = parse(&["--dtype", "float64,int8", "--op", "all"]);
+        let pairs = a.pairs(Collective::Reduce).unwrap();
+        assert_eq!(pairs.len(), 5 + 8);
+        assert_eq!(pairs[0], (Float64, ReduceOp::Sum));
+        assert_eq!(pairs[5], (Int8, ReduceOp::Sum));
+        // Broadcast has no operator (one pair per type); Barrier one pair.
+        assert_eq!(
+            a.pairs(Collective::Broadcast).unwrap(),
+            [(Float64, ReduceOp::Sum), (Int8, ReduceOp::Sum)]
+        );
+        assert_eq!(a.pairs(Collective::Barrier).unwrap().len(), 1);
+        let a = parse(&["--dtype", "float32", "--op", "all"]);
+        assert!(a.pairs(Collective::AllReduce).unwrap().iter().all(|(_, o)| o.applies_to(Float32)));
+        let a = parse(&["--dtype", "float16", "--op", "bor,band"]);
+        assert!(a.pairs(Collective::AllReduce).is_err());
+        assert!(Args::try_parse_from(["x", "4", "h", "0", "8", "--dtype", "int33"]).is_err());
     }
 
     #[test]

@@ -52,43 +52,63 @@ fn run_program(fabric: &Fabric, bin: &str, extra: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// Every (type, operator) pair of the tables, each program once with `all` (one
+/// communicator runs them in turn); every pair's line says PASS.
 #[test]
 fn programs_pass_for_every_operator_and_datatype() {
     let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
-    for dtype in inccl::DataType::ALL.iter().map(|d| d.to_string()) {
-        let dt: inccl::DataType = dtype.parse().unwrap();
-        for op in inccl::ReduceOp::reductions().filter(|o| o.applies_to(dt)) {
-            let op = op.to_string();
-            let out = run_program(
-                &fabric,
-                env!("CARGO_BIN_EXE_inccl-allreduce"),
-                &["--dtype", &dtype, "--op", &op],
-            );
-            assert!(out[0].contains("allreduce") && out[0].contains("algbw"), "{}", out[0]);
-            print!("{}", out[0]);
-            if matches!(op.as_str(), "sum" | "max" | "min" | "avg") {
-                run_program(
-                    &fabric,
-                    env!("CARGO_BIN_EXE_inccl-reduce"),
-                    &["--dtype", &dtype, "--op", &op, "--root", "3"],
-                );
-            }
+    let pairs = |coll: &str| -> usize {
+        let count = |d: &inccl::DataType| {
+            inccl::ReduceOp::reductions().filter(|o| o.applies_to(*d)).count()
+        };
+        match coll {
+            "broadcast" => inccl::DataType::ALL.len(),
+            _ => inccl::DataType::ALL.iter().map(count).sum(),
         }
-        run_program(
-            &fabric,
-            env!("CARGO_BIN_EXE_inccl-broadcast"),
-            &["--dtype", &dtype, "--root", "2"],
-        );
+    };
+    for (bin, coll, extra) in [
+        (env!("CARGO_BIN_EXE_inccl-allreduce"), "allreduce", &[][..]),
+        (env!("CARGO_BIN_EXE_inccl-reduce"), "reduce", &["--root", "3"][..]),
+        (env!("CARGO_BIN_EXE_inccl-broadcast"), "broadcast", &["--root", "2"][..]),
+    ] {
+        let mut args = vec!["--dtype", "all", "--op", "all"];
+        args.extend_from_slice(extra);
+        for out in run_program(&fabric, bin, &args) {
+            let rows: Vec<&str> =
+                out.lines().filter(|l| l.contains(&format!(" {coll} "))).collect();
+            assert_eq!(rows.len(), pairs(coll), "{coll}: one line per pair\n{out}");
+            assert!(rows.iter().all(|r| r.ends_with("PASS")), "{out}");
+        }
     }
 }
 
 #[test]
 fn bad_arguments_are_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_inccl-reduce"))
-        .args(["4", "127.0.0.1:1", "0", "16", "--root", "9"])
-        .env("INCCL_CONTROLLER", "127.0.0.1:1")
+    let refused = |args: &[&str], names: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_inccl-reduce"))
+            .args(["4", "127.0.0.1:1", "0", "16"])
+            .args(args)
+            .env("INCCL_CONTROLLER", "127.0.0.1:1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(names.iter().all(|n| err.contains(n)), "{args:?}: {err}");
+    };
+    refused(&["--root", "9"], &["--root 9"]);
+    refused(&["--dtype", "float16", "--op", "bxor"], &["bxor", "float16"]);
+    refused(&["--dtype", "int32,float64", "--op", "band", "--check"], &["band", "float64"]);
+    refused(&["--dtype", "int33"], &["int33", "bfloat16"]);
+}
+
+#[test]
+fn check_lists_the_pairs_without_connecting() {
+    let out = Command::new(env!("CARGO_BIN_EXE_inccl-allreduce"))
+        .args(["4", "127.0.0.1:1", "0", "16", "--dtype", "all", "--op", "band,sum", "--check"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--root 9"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    // Six integer types with both operators, four float types with SUM only.
+    assert!(text.starts_with("16 pairs: int32/band int32/sum float32/sum"), "{text}");
 }
