@@ -8,7 +8,7 @@
 //! one chunk that fits behind the header sends Start and chunk as one message
 //! ([`MsgKind::StartWithData`]): one frame instead of two for every small collective.
 
-use inc_wire::{DataType, IncImm, Operator, Primitive};
+use inc_wire::{DataType, ImmError, IncImm, Operator, Primitive};
 
 /// Length of every control header.
 pub const HEADER_LEN: usize = 40;
@@ -63,13 +63,13 @@ impl CollOp {
 
     /// Decodes an immediate into the collective and the message kind.
     pub fn from_imm(imm: u32) -> Result<(CollOp, MsgKind), CtrlError> {
-        let i = IncImm::decode(imm).map_err(|_| CtrlError::BadImmediate(imm))?;
+        let i = IncImm::decode(imm)?;
         let kind = match i.reserved {
             0 => MsgKind::Start,
             1 => MsgKind::Progress,
             2 => MsgKind::Error,
             3 => MsgKind::StartWithData,
-            _ => return Err(CtrlError::BadImmediate(imm)),
+            _ => return Err(CtrlError::UnknownKind { imm }),
         };
         let op = CollOp {
             primitive: i.primitive,
@@ -148,9 +148,15 @@ pub enum CtrlMsg {
 /// Malformed control message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CtrlError {
-    /// Not an INC immediate (or unknown kind).
-    #[error("immediate {0:#010x} is not an INC control immediate")]
-    BadImmediate(u32),
+    /// Not an INC immediate: the field at fault and its value.
+    #[error(transparent)]
+    Immediate(#[from] ImmError),
+    /// An INC immediate whose message kind (bits 5:0) is none of the control kinds.
+    #[error("immediate {imm:#010x}: message kind {} is not a control kind (0-3)", .imm & 0x3f)]
+    UnknownKind {
+        /// The immediate.
+        imm: u32,
+    },
     /// Payload shorter than the header.
     #[error("control payload of {0} bytes, expected {HEADER_LEN}")]
     Truncated(usize),
@@ -308,6 +314,26 @@ pub fn chunk_range(index: u64, bytes: u64, mtu: usize) -> (u64, usize) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A bad immediate is refused naming the field at fault, not only the number.
+    #[test]
+    fn bad_immediates_name_the_field() {
+        let op = CollOp {
+            primitive: Primitive::AllReduce,
+            operator: Operator::Bxor,
+            datatype: DataType::Int64,
+            root: 0,
+        };
+        let good = op.imm(MsgKind::Start);
+        assert_eq!(CollOp::from_imm(good).unwrap(), (op, MsgKind::Start));
+        let float = CollOp { datatype: DataType::Float32, ..op }.imm(MsgKind::Start);
+        let e = CollOp::from_imm(float).unwrap_err();
+        assert!(matches!(e, CtrlError::Immediate(ImmError::Unsupported { .. })), "{e}");
+        assert!(e.to_string().contains("bxor") && e.to_string().contains("float32"), "{e}");
+        let e = CollOp::from_imm(good | 0x3f).unwrap_err();
+        assert_eq!(e, CtrlError::UnknownKind { imm: good | 0x3f });
+        assert!(e.to_string().contains("message kind 63"), "{e}");
+    }
 
     #[test]
     fn chunking() {
