@@ -21,9 +21,17 @@ pub struct Args {
     /// Collectives: allreduce, reduce, broadcast.
     #[arg(long, value_delimiter = ',', default_value = "allreduce")]
     pub collectives: Vec<String>,
-    /// Datatypes: int32, float32 (operator: sum).
+    /// Datatypes, any rows of INCCL's table: int8, uint8, int32, uint32, int64, uint64,
+    /// float16, bfloat16, float32, float64. MPI reduces the matching MPI type; float16
+    /// and bfloat16, which Open MPI lacks, as 16-bit words with a user-defined MPI_Op
+    /// (widen, combine, round to nearest even). A size that is not a whole number of a
+    /// type's elements is skipped for that type.
     #[arg(long, value_delimiter = ',', default_value = "int32")]
-    pub dtypes: Vec<String>,
+    pub dtypes: Vec<inc_wire::DataType>,
+    /// Reduction operator of AllReduce and Reduce (and of MPI's reference): sum, max,
+    /// min, prod, avg (MPI: SUM, then divided on the hosts), band, bor, bxor.
+    #[arg(long, default_value = "sum")]
+    pub op: inc_wire::Operator,
     /// Smallest message in bytes (K/M/G suffixes are powers of 1024).
     #[arg(long, default_value = "4")]
     pub min_size: String,
@@ -140,8 +148,10 @@ pub struct Config {
     pub backends: Vec<String>,
     /// Collectives of the size sweep.
     pub collectives: Vec<Coll>,
-    /// Datatypes.
+    /// Datatypes (names of INCCL's table).
     pub dtypes: Vec<String>,
+    /// Reduction operator.
+    pub op: String,
     /// Message sizes in bytes.
     pub sizes: Vec<u64>,
     /// Timed iterations (upper bound).
@@ -235,6 +245,16 @@ pub fn human_size(b: u64) -> String {
     }
 }
 
+/// Bytes per element of a datatype name (4 for "-", a Barrier's).
+pub fn elem_size(dtype: &str) -> u64 {
+    dtype.parse::<inc_wire::DataType>().map_or(4, |d| d.size() as u64)
+}
+
+/// Whether `bytes` is a whole, non-zero number of `dtype` elements.
+pub fn fits(dtype: &str, bytes: u64) -> bool {
+    bytes >= elem_size(dtype) && bytes % elem_size(dtype) == 0
+}
+
 /// Iterations and warm-up iterations for a message of `bytes`.
 pub fn iterations(cfg: &Config, bytes: u64) -> (u32, u32) {
     let fit = cfg.cap / bytes.max(1);
@@ -247,10 +267,11 @@ impl Config {
     pub fn from_args(a: &Args) -> anyhow::Result<Config> {
         let collectives =
             a.collectives.iter().map(|c| Coll::parse(c.trim())).collect::<anyhow::Result<_>>()?;
+        if a.op == inc_wire::Operator::Barrier {
+            bail!("--op barrier is not a reduction (sum, max, min, prod, avg, band, bor, bxor)");
+        }
         for d in &a.dtypes {
-            if d != "int32" && d != "float32" {
-                bail!("unknown datatype `{d}` in --dtypes (int32, float32)");
-            }
+            a.op.check(*d).map_err(|e| anyhow::anyhow!("--op with --dtypes: {e}"))?;
         }
         if a.factor < 2 {
             bail!("--factor must be at least 2");
@@ -280,7 +301,8 @@ impl Config {
         Ok(Config {
             backends: a.backends.iter().map(|b| b.trim().replace('-', "_")).collect(),
             collectives,
-            dtypes: a.dtypes.clone(),
+            dtypes: a.dtypes.iter().map(|d| d.to_string()).collect(),
+            op: a.op.to_string(),
             sizes,
             iters: iters.max(1),
             warmup,

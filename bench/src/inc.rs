@@ -13,7 +13,7 @@ use inc_controller::auth::TOKEN_ENV;
 use inc_controller::{Credentials, Role};
 use serde_json::Value;
 
-use crate::cli::Coll;
+use crate::cli::{elem_size, Coll};
 use crate::model::{Measurement, SwitchDelta, SwitchSample};
 use crate::netns::{host_counters, Plan};
 use crate::procs::{check_interrupted, cpu_seconds, in_ns, rss_bytes, tail, wait_until, Proc};
@@ -233,8 +233,10 @@ pub fn switch_delta(before: &Value, after: &Value, wall_s: f64) -> Vec<SwitchDel
 pub struct RunSpec {
     /// Collective.
     pub coll: Coll,
-    /// int32 or float32.
+    /// Datatype name.
     pub dtype: String,
+    /// Operator name.
+    pub op: String,
     /// Elements per rank.
     pub count: u64,
     /// Warm-up iterations.
@@ -277,7 +279,7 @@ pub fn run_hosts(
     system: &str,
 ) -> anyhow::Result<Measurement> {
     let world = plan.hosts.len();
-    let bytes = if spec.coll == Coll::Barrier { 0 } else { spec.count * 4 };
+    let bytes = if spec.coll == Coll::Barrier { 0 } else { spec.count * elem_size(&spec.dtype) };
     let program = bins.join(format!("inccl-{}", spec.coll.name()));
     let master = format!("{}:{}", plan.hosts[0].mgmt, spec.master_port);
     let tag = format!("{system}-{}-{}-{bytes}", spec.coll.name(), spec.dtype);
@@ -290,7 +292,7 @@ pub fn run_hosts(
     for (r, h) in plan.hosts.iter().enumerate() {
         let mut cmd = in_ns(&h.ns, &program);
         cmd.args([world.to_string(), master.clone(), r.to_string(), spec.count.max(1).to_string()])
-            .args(["--dtype", &spec.dtype, "--op", "sum", "--root", "0"])
+            .args(["--dtype", &spec.dtype, "--op", &spec.op, "--root", "0"])
             .args(["--iters", &spec.iters.to_string(), "--warmup", &spec.warmup.to_string()])
             .args(["--print-times", "--wait-stdin"])
             .env("INCCL_CONTROLLER", &plan.ctrl_addr)

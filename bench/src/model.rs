@@ -131,7 +131,7 @@ impl Measurement {
             collective: coll,
             dtype: dtype.into(),
             bytes,
-            count: bytes / 4,
+            count: bytes / crate::cli::elem_size(dtype),
             small: false,
             round: 0,
             warmup: 0,

@@ -87,11 +87,13 @@ impl Mpi {
         })
     }
 
-    /// Run `kind` (allreduce or barrier) for each (bytes, warm-up, iterations).
+    /// Run `kind` (allreduce or barrier) of `dtype` with `op` for each (bytes, warm-up,
+    /// iterations).
     pub fn run(
         &self,
         kind: &str,
         dtype: &str,
+        op: &str,
         sizes: &[(u64, u32, u32)],
         extra_mca: &[(&str, &str)],
         log: &Path,
@@ -115,7 +117,7 @@ impl Mpi {
             cmd.args(["--mca", k, v]);
         }
         cmd.arg(&self.bin)
-            .args(["-k", kind, "-d", dtype, "-s", &list.join(",")])
+            .args(["-k", kind, "-d", dtype, "-o", op, "-s", &list.join(",")])
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .stdin(Stdio::null())

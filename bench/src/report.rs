@@ -152,7 +152,7 @@ pub fn table(rows: &[Summary]) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "# {:<10} {:<9} {:<7} {:>11} {:>10} {:>6} {:>11} {:>11} {:>11} {:>11} {:>6} {:>9} {:>9} {:>10} {:>10} {:>6} {:>6} {:>8} {:>8}  {:<40} {:<10} status",
+        "# {:<10} {:<9} {:<8} {:>11} {:>10} {:>6} {:>11} {:>11} {:>11} {:>11} {:>6} {:>9} {:>9} {:>10} {:>10} {:>6} {:>6} {:>8} {:>8}  {:<40} {:<10} status",
         "system", "coll", "type", "size(B)", "count", "iters", "median(us)", "min(us)", "max(us)",
         "p99(us)", "spread", "algbw", "busbw", "sw-in/s", "sw-out/s", "retx", "rnr", "sw-cpu-s",
         "ns/frame", "per switch in/out frames/s", "drops"
@@ -166,7 +166,7 @@ pub fn table(rows: &[Summary]) -> String {
             if r.small { format!("{}*", r.collective.name()) } else { r.collective.name().into() };
         let _ = writeln!(
             o,
-            "  {:<10} {:<9} {:<7} {:>11} {:>10} {:>6} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>5.0}% {:>9.4} {:>9.4} {:>10} {:>10} {:>6} {:>6} {:>8} {:>8}  {:<40} {:<10} {}",
+            "  {:<10} {:<9} {:<8} {:>11} {:>10} {:>6} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>5.0}% {:>9.4} {:>9.4} {:>10} {:>10} {:>6} {:>6} {:>8} {:>8}  {:<40} {:<10} {}",
             r.system, kind, r.dtype, r.bytes, r.count, r.iters, r.median_us, r.min_us, r.max_us,
             r.p99_us, r.spread * 100.0, r.algbw, r.busbw, opt(r.switch_rx_fps, 0),
             opt(r.switch_tx_fps, 0), r.retransmits, r.rnrs, opt(r.switch_cpu_s, 2),
@@ -317,10 +317,10 @@ fn ratio_table(
     cell: impl Fn(&str, Row<'_>) -> String,
 ) {
     let header: String = backends.iter().map(|b| format!("{b:>width$}")).collect();
-    let _ = writeln!(o, "# {:<7} {:>9} {header}", "type", "size");
+    let _ = writeln!(o, "# {:<8} {:>9} {header}", "type", "size");
     for (dtype, bytes) in sizes {
         let cells: String = backends.iter().map(|b| cell(b, Row::Size(dtype, *bytes))).collect();
-        let _ = writeln!(o, "  {:<7} {:>9} {cells}", dtype, human_size(*bytes));
+        let _ = writeln!(o, "  {:<8} {:>9} {cells}", dtype, human_size(*bytes));
     }
     for (small_kind, coll) in
         [("1-element AllReduce p50", Coll::AllReduce), ("Barrier p50", Coll::Barrier)]
@@ -395,7 +395,7 @@ pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &R
             if let Some(best) = best {
                 let _ = writeln!(
                     o,
-                    "  {:<7} {:>9} {:>8.2}  best: {}",
+                    "  {:<8} {:>9} {:>8.2}  best: {}",
                     dtype,
                     human_size(*bytes),
                     p.median_us / best.median_us,

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::{human_size, iterations, Args, Coll, Config};
+use crate::cli::{elem_size, fits, human_size, iterations, Args, Coll, Config};
 use crate::inc::{run_hosts, supported_backends, Fabric, RunSpec};
 use crate::kernel::KernelForwarding;
 use crate::model::{FrameRate, HostBytes, Measurement, Results};
@@ -172,6 +172,9 @@ impl Ctx<'_> {
         for &coll in &self.cfg.collectives.clone() {
             for dtype in &self.cfg.dtypes.clone() {
                 for &bytes in &self.cfg.sizes.clone() {
+                    if !fits(dtype, bytes) {
+                        continue;
+                    }
                     check_interrupted()?;
                     let (warmup, iters) = iterations(self.cfg, bytes);
                     self.pb.set_message(format!(
@@ -190,7 +193,8 @@ impl Ctx<'_> {
                     let spec = RunSpec {
                         coll,
                         dtype: dtype.clone(),
-                        count: bytes / 4,
+                        op: self.cfg.op.clone(),
+                        count: bytes / elem_size(dtype),
                         warmup,
                         iters,
                         master_port: self.next_port(),
@@ -207,6 +211,7 @@ impl Ctx<'_> {
             let spec = RunSpec {
                 coll,
                 dtype: self.cfg.dtypes[0].clone(),
+                op: self.cfg.op.clone(),
                 count: 1,
                 warmup: 10,
                 iters: self.cfg.small_iters,
@@ -238,10 +243,11 @@ impl Ctx<'_> {
         let mut jobs: Vec<Job> = Vec::new();
         if self.cfg.collectives.contains(&Coll::AllReduce) {
             for d in &self.cfg.dtypes {
-                jobs.push(("allreduce", d.clone(), sweep.clone(), false));
+                let sizes = sweep.iter().copied().filter(|(b, _, _)| fits(d, *b)).collect();
+                jobs.push(("allreduce", d.clone(), sizes, false));
             }
         }
-        let small = vec![(4, 10, self.cfg.small_iters)];
+        let small = vec![(elem_size(&self.cfg.dtypes[0]), 10, self.cfg.small_iters)];
         jobs.push(("allreduce", self.cfg.dtypes[0].clone(), small.clone(), true));
         jobs.push(("barrier", "-".into(), vec![(0, 10, self.cfg.small_iters)], true));
         for (kind, dtype, sizes, small) in jobs {
@@ -254,7 +260,7 @@ impl Ctx<'_> {
             let coll = if kind == "barrier" { Coll::Barrier } else { Coll::AllReduce };
             let d = if kind == "barrier" { "int32" } else { dtype.as_str() };
             let t = Instant::now();
-            match mpi.run(kind, d, &sizes, &[], &log) {
+            match mpi.run(kind, d, &self.cfg.op, &sizes, &[], &log) {
                 Ok(rows) => {
                     for r in rows {
                         let mut m = Measurement::skipped("mpi", coll, &dtype, r.bytes, "ok");
@@ -287,7 +293,8 @@ impl Ctx<'_> {
             let (w, i) = iterations(self.cfg, ring_bytes);
             let before = host_counters(self.plan)?;
             let log = self.logs.join("mpi-ring.log");
-            match mpi.run("allreduce", &self.cfg.dtypes[0], &[(ring_bytes, w, i)], &RING, &log) {
+            let d = &self.cfg.dtypes[0];
+            match mpi.run("allreduce", d, &self.cfg.op, &[(ring_bytes, w, i)], &RING, &log) {
                 Ok(rows) => {
                     let after = host_counters(self.plan)?;
                     let n = f64::from(w + i);
