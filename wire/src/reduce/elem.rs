@@ -257,7 +257,7 @@ is_nan!(f32, f64, f16, bf16);
 // bits that make double rounding innocuous), so each result is the correctly rounded
 // IEEE half result; MAX/MIN on the widened values select exactly.
 macro_rules! half_elem {
-    ($($t:ty => $dtype:ident, $nan:expr, blocked $blocked:literal;)*) => {$(
+    ($($t:ty => $dtype:ident, $nan:expr, blocked $blocked:literal, $widen:path, $narrow:path;)*) => {$(
         impl CanonicalNan for $t {
             const CANONICAL_NAN: $t = <$t>::from_bits($nan);
         }
@@ -286,9 +286,9 @@ macro_rules! half_elem {
             #[inline(always)]
             fn div_count(self, n: u16) -> Self { Self::narrow(self.widen() / f32::from(n)) }
             #[inline(always)]
-            fn widen(self) -> f32 { self.to_f32() }
+            fn widen(self) -> f32 { $widen(self) }
             #[inline(always)]
-            fn narrow(acc: f32) -> Self { canon(<$t>::from_f32(acc)) }
+            fn narrow(acc: f32) -> Self { $narrow(acc) }
             // `half`'s slice conversions: F16C, 8 lanes at a time, where the CPU has it.
             #[inline(always)]
             fn widen_block(wire: &[u8], out: &mut [f32]) {
@@ -314,8 +314,25 @@ macro_rules! half_elem {
 }
 
 half_elem! {
-    f16 => Float16, 0x7e00, blocked true;
-    bf16 => Bfloat16, 0x7fc0, blocked false;
+    f16 => Float16, 0x7e00, blocked true, f16::to_f32, f16_narrow;
+    bf16 => Bfloat16, 0x7fc0, blocked false, bf16::to_f32, bf16_narrow;
+}
+
+#[inline(always)]
+fn f16_narrow(x: f32) -> f16 {
+    canon(f16::from_f32(x))
+}
+
+/// `bf16::from_f32` (round to nearest even) with NaN canonical, without branches, so
+/// the element loops vectorise (half's conversion branches on NaN per element).
+#[inline(always)]
+fn bf16_narrow(x: f32) -> bf16 {
+    let u = x.to_bits();
+    // Adding 0x7fff plus the lowest kept bit rounds to nearest, ties to even; a carry
+    // out of the fraction bumps the exponent, up to infinity, as it should.
+    let rounded = (u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16) as u16;
+    let nan = (u & 0x7fff_ffff) > 0x7f80_0000;
+    bf16::from_bits(if nan { 0x7fc0 } else { rounded })
 }
 
 #[cfg(test)]
@@ -361,5 +378,29 @@ mod tests {
         assert_eq!(1.0f32.div_count(3), 1.0 / 3.0);
         assert_eq!(f16::from_f32(1.0).div_count(3), f16::from_f32(1.0 / 3.0));
         assert_eq!(bf16::ONE.div_count(0).to_bits(), bf16::INFINITY.to_bits());
+    }
+
+    /// The branch-free bf16 rounding is `half`'s (NaN canonical) for every class of
+    /// input: ties both ways, the largest finite values rounding to infinity, zeros,
+    /// subnormals, infinities and NaNs of either sign and any payload.
+    #[test]
+    fn bf16_narrow_is_halfs_rounding() {
+        let mut x: u32 = 0x1234_5678;
+        let special = [
+            0, 0x8000_0000, 0x3f80_8000, 0x3f81_8000, 0x3f80_7fff, 0x7f7f_ffff, 0xff7f_8000,
+            0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0xffff_ffff, 0x7f80_0001, 0x0000_0001,
+            0x807f_ffff,
+        ];
+        let xorshift = |x: &mut u32| {
+            *x ^= *x << 13;
+            *x ^= *x >> 17;
+            *x ^= *x << 5;
+            *x
+        };
+        for bits in special.into_iter().chain((0..200_000).map(|_| xorshift(&mut x))) {
+            let f = f32::from_bits(bits);
+            let want = canon(bf16::from_f32(f)).to_bits();
+            assert_eq!(bf16_narrow(f).to_bits(), want, "{bits:#010x}");
+        }
     }
 }
