@@ -2,9 +2,9 @@
 //! (Debian's kernel with `rdma_rxe`, TCG without KVM) bridged onto their links of the
 //! 1-2-4 namespace topology, ranks 0 and 3 (under different leaves) on rxe over
 //! ibverbs and ranks 1 and 2 on the userspace transport, one communicator. AllReduce,
-//! Reduce, Broadcast and Barrier must pass on every rank with every element checked,
-//! the capture of the switches' ports must have a valid ICRC on every frame, and
-//! nothing of the run may remain (guests, namespaces).
+//! Reduce and Broadcast of every datatype and operator, and Barrier, must pass on every
+//! rank with every element checked, the capture of the switches' ports must have a
+//! valid ICRC on every frame, and nothing of the run may remain (guests, namespaces).
 //!
 //! Skipped (logged by inc-test-support) without root, network namespaces, QEMU or
 //! rdma-core's rxe provider (`scripts/setup --rxe`); in CI (`CI=true`) that is a
@@ -49,6 +49,7 @@ fn rxe_and_userspace_ranks_run_every_collective() {
     let _guard = TeardownGuard::new(&prefix);
     let mut cmd = Command::new(repo_root().join("scripts/rxe-hosts"));
     cmd.args(["--no-build", "--prefix", &prefix, "--rxe-ranks", "0,3", "--counts", "4096"])
+        .args(["--dtype", "all", "--op", "all"])
         .arg("--timeout")
         .arg(SCRIPT_TIMEOUT_S.to_string())
         .arg("--capture")
