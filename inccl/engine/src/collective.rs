@@ -177,6 +177,9 @@ impl HostCollective {
                 "operator Barrier is only valid for a barrier".into(),
             ));
         }
+        // A pair the tables refuse (a bitwise operator on a float type) would go out in
+        // an immediate every switch refuses, and every rank would wait for its timeout.
+        operator.check(spec.dtype).map_err(|e| HostError::InvalidSpec(e.to_string()))?;
         let count = if barrier { 0 } else { spec.count };
         let elem = spec.dtype.size() as u64;
         let bytes = count
