@@ -18,9 +18,10 @@
 use std::time::Instant;
 
 use inc_tests::sim::cases::{CollectiveCase, FloatInputs};
-use inc_tests::sim::reference::{Dtype, Kind, Op};
+use inc_tests::sim::reference::Kind;
 use inc_tests::sim::scenario::{run, CommWorkload, Scenario};
 use inc_tests::sim::{LinkConfig, RunLimits, MICROS};
+use inc_wire::{DataType, Operator};
 
 const USAGE: &str = "usage: engine_cost [SIZE [JOBS]] (SIZE: bytes with B/K/M suffix, or MiB)";
 
@@ -47,8 +48,8 @@ fn main() {
     let count = bytes / 4; // INT32 elements
     let job = CollectiveCase {
         kind: Kind::AllReduce,
-        op: Op::Sum,
-        dtype: Dtype::Int32,
+        op: Operator::Sum,
+        dtype: DataType::Int32,
         count,
         in_place: false,
         floats: FloatInputs::Exact,

@@ -9,16 +9,17 @@ use inc_protocol::Time;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig, SwitchEvent};
 use std::net::Ipv4Addr;
 
+use inc_wire::reduce::finalize_native;
 use inc_wire::{
-    icrc, ArpOperation, ArpPacket, ArpRepr, BthPacket, DataType, EtherType, EthernetAddress,
-    EthernetFrame, EthernetRepr, Ipv4Packet, Operator,
+    icrc, ArpOperation, ArpPacket, ArpRepr, BthPacket, EtherType, EthernetAddress, EthernetFrame,
+    EthernetRepr, Ipv4Packet, Operator,
 };
 use inccl_engine::{CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
 
 use super::cases::CollectiveCase;
 use super::fabric::{Nanos, Node};
 use super::plan::{host_mac, CompiledComm};
-use super::reference::{Dtype, Kind, Op};
+use super::reference::Kind;
 
 /// Offset of the BTH destination QP in an Ethernet/IPv4/UDP frame.
 const DEST_QP_OFFSET: usize = 14 + 20 + 8 + 5;
@@ -29,17 +30,8 @@ fn time(now: Nanos) -> Time {
 
 /// Maps a generated collective to the engine's spec.
 pub fn engine_spec(case: &CollectiveCase) -> CollectiveSpec {
-    let op = match (case.kind, case.op) {
-        (Kind::Barrier, _) => Operator::Barrier,
-        (_, Op::Sum) => Operator::Sum,
-        (_, Op::Max) => Operator::Max,
-        (_, Op::Min) => Operator::Min,
-    };
-    let dtype = match case.dtype {
-        Dtype::Int32 => DataType::Int32,
-        Dtype::Float32 => DataType::Float32,
-    };
-    CollectiveSpec { kind: case.kind, op, dtype, count: case.count as u64 }
+    let op = if case.kind == Kind::Barrier { Operator::Barrier } else { case.op };
+    CollectiveSpec { kind: case.kind, op, dtype: case.dtype, count: case.count as u64 }
 }
 
 /// A switch on the fabric; fabric port `i` is the topology port `i`.
@@ -58,7 +50,7 @@ pub struct SwitchNode {
 
 impl SwitchNode {
     /// A switch engine with the ports of topology switch `index`; `deterministic_float`
-    /// selects the fixed FLOAT32 combination order.
+    /// selects the fixed float combination order.
     pub fn new(topo: &Topology, index: usize, deterministic_float: bool) -> Self {
         let sw = &topo.switches[index];
         let ports = sw
@@ -250,7 +242,15 @@ impl HostQp {
                     }
                     Some(Ok(())) => {
                         let (_, receives) = role(&job.case, self.rank);
-                        let output = receives.then(|| std::mem::take(&mut job.output));
+                        let mut output = receives.then(|| std::mem::take(&mut job.output));
+                        // AVG's division by the world size is the library's last step on
+                        // a result (INCCL calls the same function), not the engine's.
+                        if let (Some(out), Kind::AllReduce | Kind::Reduce { .. }) =
+                            (&mut output, job.case.kind)
+                        {
+                            let world = self.engine.config().world_size;
+                            finalize_native(job.case.op, job.case.dtype, out, world);
+                        }
                         let started = *started;
                         let index = job.index;
                         self.outcomes.push(Outcome { index, output, started, finished: now });

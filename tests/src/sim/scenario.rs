@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use inc_controller::Compiled;
 use inc_ctrl_proto::{Peer, SwitchRules, VALID_MTUS};
 use inc_switch_engine::SwitchCounters;
+use inc_wire::{DataType, Operator};
 use inccl_engine::HostCounters;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -17,9 +18,7 @@ use super::fabric::{
 };
 use super::harness::{HostNode, Job, SimNode, SwitchNode};
 use super::plan::{compile_comms, load_topology, random_hosts, CommPlan};
-use super::reference::{
-    combine, expected, first_mismatch, float_sum_out_of_bound, Dtype, Kind, Op,
-};
+use super::reference::{check_bound, expected, first_mismatch, order_dependent, Kind, Tree};
 
 /// The collectives one communicator runs, back to back on every rank.
 #[derive(Debug, Clone)]
@@ -52,8 +51,9 @@ pub struct Scenario {
     pub switch_link: LinkConfig,
     /// Bounds of the run.
     pub limits: RunLimits,
-    /// Switches combine FLOAT32 in a fixed child order; the reference then follows the
-    /// same tree order and every result is compared bit for bit.
+    /// Switches combine floats in a fixed child order; every result is then compared bit
+    /// for bit with the reference folded the same way (else float SUM, PROD and AVG
+    /// over wide-range inputs are checked within a bound).
     pub deterministic_float: bool,
     /// Each rank waits a random time in `[0, think_time]` before each collective.
     pub think_time: Nanos,
@@ -64,6 +64,8 @@ pub struct Scenario {
     pub hot_link: Option<FaultConfig>,
     /// One rank runs a different last collective than the others: every rank of that
     /// communicator must then fail it with an error (never hang or produce a result).
+    /// Without one, the first collective of a pair the tables refuse (see [`refused`])
+    /// must fail on every rank of its communicator instead.
     pub mismatch: Option<Mismatch>,
     /// Fixed start delays `(communicator, rank, collective, delay)`, overriding
     /// `think_time` for those collectives.
@@ -120,12 +122,30 @@ pub struct Report {
     pub host_errors: Vec<String>,
     /// One line per QP and switch at the end of the run, for failure messages.
     pub state: String,
+    /// Measured errors of the results checked within a bound (in collective order).
+    pub float_errors: Vec<FloatErrors>,
+}
+
+/// The error of one order-dependent float result (the first rank that received it)
+/// against the f64 reference, per element, relative to its scale (see
+/// [`check_bound`]: `sum |x_i|`, or `|prod x_i|` for PROD).
+#[derive(Debug, Clone)]
+pub struct FloatErrors {
+    /// Element type.
+    pub dtype: DataType,
+    /// Operator.
+    pub op: Operator,
+    /// The communicator's aggregation tree.
+    pub tree: Tree,
+    /// `|got - exact| / scale` of every element.
+    pub relative: Vec<f64>,
 }
 
 struct CommRun {
     world: usize,
+    tree: Tree,
     cases: Vec<CollectiveCase>,
-    /// Inputs per collective, per rank (only kept for FLOAT32 SUM bound checks).
+    /// Inputs per collective, per rank (only kept for results checked within a bound).
     inputs: Vec<Option<Vec<Vec<u8>>>>,
     expected: Vec<Vec<Option<Vec<u8>>>>,
 }
@@ -175,20 +195,22 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
     for (ci, w) in s.comms.iter().enumerate() {
         let world = w.hosts.len();
         let mut per_rank: Vec<Vec<Job>> = (0..world).map(|_| Vec::new()).collect();
-        let mut run =
-            CommRun { world, cases: w.jobs.clone(), inputs: Vec::new(), expected: Vec::new() };
+        let tree = tree_of(&comms[ci].compiled);
+        let mut run = CommRun {
+            world,
+            tree,
+            cases: w.jobs.clone(),
+            inputs: Vec::new(),
+            expected: Vec::new(),
+        };
         for (ji, case) in w.jobs.iter().enumerate() {
             let inputs = gen_inputs(&mut rng, case, world as u16);
-            let mut want = expected(case.kind, case.op, case.dtype, &inputs);
-            let tree_order = s.deterministic_float && needs_inputs(case);
-            if tree_order {
-                let r = tree_reduce(&comms[ci].compiled, case.op, case.dtype, &inputs);
-                for w in want.iter_mut().flatten() {
-                    w.clone_from(&r);
-                }
-            }
-            run.expected.push(want);
-            let keep = needs_inputs(case) && !tree_order;
+            run.expected.push(if refused(case) {
+                vec![None; world]
+            } else {
+                expected(case.kind, case.op, case.dtype, &run.tree, &inputs)
+            });
+            let keep = !s.deterministic_float && bound_checked(case);
             run.inputs.push(keep.then(|| inputs.clone()));
             let odd = s.mismatch.as_ref().filter(|m| m.comm == ci && ji + 1 == w.jobs.len());
             for (rank, mut input) in inputs.into_iter().enumerate() {
@@ -201,7 +223,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
                 let mut case = case.clone();
                 if let Some(m) = odd.filter(|m| usize::from(m.rank) == rank) {
                     case = m.case.clone();
-                    input.resize(case.count * 4, 0);
+                    input.resize(case.count * case.dtype.size(), 0);
                 }
                 per_rank[rank].push(Job::new(ji, case, rank as u16, input, delay));
             }
@@ -322,9 +344,16 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         pending.retain(|c| !next.contains(c));
         live.extend(next);
     }
-    let failing = s.mismatch.as_ref().map(|m| (m.comm, s.comms[m.comm].jobs.len() - 1));
+    let failing =
+        s.mismatch.as_ref().map(|m| (m.comm, s.comms[m.comm].jobs.len() - 1)).or_else(|| {
+            s.comms
+                .iter()
+                .enumerate()
+                .find_map(|(ci, c)| Some((ci, c.jobs.iter().position(refused)?)))
+        });
     let cut = s.cut_link.is_some();
-    verify(&fabric, &runs, failing, cut).map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
+    let float_errors = verify(&fabric, &runs, failing, cut)
+        .map_err(|e| format!("{e}\n{}", dump(&fabric, &runs)))?;
 
     let mut report = Report {
         sim_time: fabric.now(),
@@ -333,7 +362,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         switches: Vec::new(),
         hosts: Vec::new(),
         collectives: runs.iter().map(|r| r.cases.len()).sum(),
-        bytes: runs.iter().flat_map(|r| &r.cases).map(|c| c.count as u64 * 4).sum(),
+        bytes: runs.iter().flat_map(|r| &r.cases).map(|c| (c.count * c.dtype.size()) as u64).sum(),
         unknown_qp: 0,
         host_arp_replies: 0,
         host_stale: 0,
@@ -343,6 +372,7 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         switch_events: Vec::new(),
         host_errors: Vec::new(),
         state: dump(&fabric, &runs),
+        float_errors,
     };
     for n in fabric.nodes_mut() {
         match n {
@@ -374,25 +404,19 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
     Ok(report)
 }
 
-/// The reduction combined the way switches in deterministic float mode do: at each
-/// switch, left to right over its children in connection order.
-pub fn tree_reduce(c: &Compiled, op: Op, dtype: Dtype, inputs: &[Vec<u8>]) -> Vec<u8> {
-    fn value(c: &Compiled, sw: u32, op: Op, dtype: Dtype, inputs: &[Vec<u8>]) -> Vec<u8> {
+/// The aggregation tree of a compiled communicator: at each switch its children in
+/// connection order, which is the ordinal order switches fold them in (`children()`
+/// of the rules).
+pub fn tree_of(c: &Compiled) -> Tree {
+    fn node(c: &Compiled, sw: u32) -> Tree {
         let rules = c.rules.iter().find(|r| r.switch_id == sw).expect("switch of the tree");
-        let mut acc: Option<Vec<u8>> = None;
-        for i in rules.children() {
-            let v = match rules.connections[i].peer {
-                Peer::Host { rank } => inputs[usize::from(rank)].clone(),
-                Peer::Switch { switch_id } => value(c, switch_id, op, dtype, inputs),
-            };
-            match &mut acc {
-                None => acc = Some(v),
-                Some(a) => combine(op, dtype, a, &v),
-            }
-        }
-        acc.expect("a switch of the tree has children")
+        let children = rules.children().map(|i| match rules.connections[i].peer {
+            Peer::Host { rank } => Tree::Rank(rank),
+            Peer::Switch { switch_id } => node(c, switch_id),
+        });
+        Tree::Switch(children.collect())
     }
-    value(c, c.root_switch, op, dtype, inputs)
+    node(c, c.root_switch)
 }
 
 /// Upper bound on a switch's memory for one communicator, from its rules alone (never
@@ -538,23 +562,32 @@ pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
     Ok(())
 }
 
-/// FLOAT32 SUM over wide-range inputs is only checked within a bound, which needs them.
-fn needs_inputs(case: &CollectiveCase) -> bool {
+/// Float SUM, PROD and AVG over wide-range or normal inputs depend on the order switches
+/// combine contributions in: outside deterministic float mode they are checked within a
+/// bound.
+pub fn bound_checked(case: &CollectiveCase) -> bool {
     matches!(case.kind, Kind::AllReduce | Kind::Reduce { .. })
-        && case.dtype == Dtype::Float32
-        && case.op == Op::Sum
-        && case.floats == FloatInputs::Wide
+        && matches!(case.floats, FloatInputs::Wide | FloatInputs::Normal)
+        && order_dependent(case.op, case.dtype)
+}
+
+/// A pair the tables refuse (a bitwise operator on a float type): every rank's host
+/// engine must refuse to start it.
+pub fn refused(case: &CollectiveCase) -> bool {
+    case.kind != Kind::Barrier && !case.op.applies_to(case.dtype)
 }
 
 /// Checks every rank's results; `failing` = (communicator, collective) that must fail on
 /// every rank of that communicator instead (and end its sequence); with `cut`, any rank
 /// may end its sequence with an error (a link died), but what completed must be right.
+/// Returns the measured errors of the results checked within a bound.
 fn verify(
     fabric: &Fabric<SimNode>,
     runs: &[CommRun],
     failing: Option<(usize, usize)>,
     cut: bool,
-) -> Result<(), String> {
+) -> Result<Vec<FloatErrors>, String> {
+    let mut float_errors = Vec::new();
     // outputs[comm][job][rank]
     let mut outputs: Vec<Vec<Vec<Option<&[u8]>>>> =
         runs.iter().map(|r| vec![vec![None; r.world]; r.cases.len()]).collect();
@@ -634,7 +667,8 @@ fn verify(
                     (Some(_), None) => return Err(format!("{}: no output", at(rank))),
                     (Some(w), Some(g)) => (w, g),
                 };
-                // Every rank that receives the same result must get it bit for bit.
+                // Every rank that receives the same result must get it bit for bit (so
+                // the first one's is the one checked within a bound).
                 if let Some((r0, g0)) = first {
                     if case.kind == Kind::AllReduce {
                         if let Some((i, g, w)) = first_mismatch(case.dtype, got, g0) {
@@ -648,20 +682,30 @@ fn verify(
                     first = Some((rank, got));
                 }
                 if let Some(inputs) = &run.inputs[ji] {
-                    let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
-                    if let Some((i, g, exact, bound)) = float_sum_out_of_bound(got, &refs) {
-                        return Err(format!(
-                            "{}: element {i} = {g:e}, exact sum {exact:e}, error bound {bound:e}",
-                            at(rank)
-                        ));
+                    if first.is_some_and(|f| f.0 != rank) {
+                        continue;
                     }
+                    let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+                    let relative = check_bound(case.op, case.dtype, &run.tree, got, &refs)
+                        .map_err(|e| {
+                            format!(
+                                "{}: element {} = {:e}, exact {:e}, error bound {:e}",
+                                at(rank),
+                                e.index,
+                                e.got,
+                                e.exact,
+                                e.bound
+                            )
+                        })?;
+                    let (dtype, op, tree) = (case.dtype, case.op, run.tree.clone());
+                    float_errors.push(FloatErrors { dtype, op, tree, relative });
                 } else if let Some((i, g, w)) = first_mismatch(case.dtype, got, want) {
                     return Err(format!("{}: element {i} = {g}, expected {w}", at(rank)));
                 }
             }
         }
     }
-    Ok(())
+    Ok(float_errors)
 }
 
 /// State of every QP and switch, for failure messages: one line each, full counters
