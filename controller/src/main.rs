@@ -96,6 +96,12 @@ enum Cmd {
         #[arg(long, value_parser = ["switch", "host"])]
         role: String,
     },
+    /// Write a topology YAML for a regular shape (topologies/README.md, "Generated
+    /// trees"); the output passes `check`.
+    Gen {
+        #[command(subcommand)]
+        shape: GenShape,
+    },
     /// Write a container deployment of a topology (docker/README.md).
     Export {
         #[command(subcommand)]
@@ -112,6 +118,41 @@ enum Cmd {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum GenShape {
+    /// A tree: a root switch, FANOUT children per switch level by level, hosts on the
+    /// leaves (and optionally on every inner switch). Example, 256 hosts on 16 leaves:
+    /// `inc-controller gen tree --fanout 4,4 --hosts-per-leaf 16 -o t.yaml`.
+    Tree {
+        /// Child switches per switch, level by level from the root (empty: one switch).
+        #[arg(long, value_delimiter = ',', default_value = "2")]
+        fanout: Vec<u32>,
+        /// Hosts on every leaf switch.
+        #[arg(long, default_value_t = 2)]
+        hosts_per_leaf: u32,
+        /// Hosts on every inner switch, the root included.
+        #[arg(long, default_value_t = 0)]
+        hosts_per_inner: u32,
+        /// Payload bytes per packet (defaults.mtu).
+        #[arg(long, default_value_t = 4096)]
+        mtu: u16,
+        /// Window in chunks (defaults.window).
+        #[arg(long, default_value_t = 64)]
+        window: u32,
+        /// Link emulation per level, repeatable: `hosts:SPEC` for every host link,
+        /// `L:SPEC` for the links into switch level L (1: the root's links); SPEC as
+        /// `inc-switch --link-emu`, e.g. `--emulate hosts:rate=100gbit,delay=1us`.
+        #[arg(long, value_name = "LEVEL:SPEC")]
+        emulate: Vec<String>,
+        /// `name:` of the topology (default: tree-<fanout>-<hosts per leaf>).
+        #[arg(long)]
+        name: Option<String>,
+        /// Output file (default: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
     },
 }
 
@@ -229,6 +270,64 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+fn generate(shape: GenShape) -> Result<()> {
+    use inc_controller::topology::generate::{tree_yaml, TreeSpec};
+    let GenShape::Tree {
+        fanout,
+        hosts_per_leaf,
+        hosts_per_inner,
+        mtu,
+        window,
+        emulate,
+        name,
+        output,
+    } = shape;
+    let shape_name = || {
+        let f: Vec<String> = fanout.iter().map(u32::to_string).collect();
+        format!("tree-{}-{hosts_per_leaf}", f.join("x"))
+    };
+    let mut spec = TreeSpec {
+        name: name.unwrap_or_else(shape_name),
+        fanout,
+        hosts_per_leaf,
+        hosts_per_inner,
+        mtu,
+        window,
+        ..TreeSpec::default()
+    };
+    for e in &emulate {
+        let Some((level, link_spec)) = e.split_once(':') else {
+            bail!("--emulate {e}: expected LEVEL:SPEC (LEVEL `hosts` or a switch level 1..)");
+        };
+        if level == "hosts" {
+            spec.host_link_emulation = Some(link_spec.to_string());
+            continue;
+        }
+        let l: usize = level.parse().ok().filter(|l| *l >= 1).with_context(|| {
+            format!("--emulate {e}: level `{level}` is neither `hosts` nor a switch level 1..")
+        })?;
+        if spec.switch_link_emulation.len() < l {
+            spec.switch_link_emulation.resize(l, None);
+        }
+        spec.switch_link_emulation[l - 1] = Some(link_spec.to_string());
+    }
+    let yaml = tree_yaml(&spec)?;
+    // What `check` would say, before anything is written.
+    let t = Topology::parse("generated", &yaml).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (switches, links, hosts) = spec.counts();
+    eprintln!(
+        "inc-controller gen: topology `{}`: {switches} switches, {links} links, {hosts} hosts, root `{}`",
+        t.name, t.switches[t.root].name
+    );
+    match output {
+        Some(path) => {
+            std::fs::write(&path, yaml).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{yaml}"),
+    }
+    Ok(())
+}
+
 fn run() -> Result<()> {
     inc_log::init("RUST_LOG", "info");
     let cli = Cli::parse();
@@ -314,6 +413,7 @@ fn run() -> Result<()> {
             std::io::stdout().flush()?;
             ctrl.wait();
         }
+        Cmd::Gen { shape } => generate(shape)?,
         Cmd::Export { target } => export(target)?,
         Cmd::Token { token_file, role } => {
             let creds = Credentials::load(&token_file)?;

@@ -10,6 +10,7 @@
 //! no service code.
 
 mod error;
+pub mod generate;
 mod model;
 mod raw;
 mod validate;
