@@ -150,8 +150,10 @@ macro_rules! int_elem {
             fn bxor(self, b: Self) -> Self { self ^ b }
             #[inline(always)]
             fn div_count(self, n: u16) -> Self {
-                // Truncating; `MIN / n` cannot overflow for n >= 1 (n = 0 gives self).
-                if n == 0 { self } else { self.wrapping_div(n as $t) }
+                // Truncating, in i128: the world size does not fit every element type
+                // (an int8 world of 200, a uint8 one of 256), and `MIN / n` cannot
+                // overflow there. n = 0 gives self.
+                if n == 0 { self } else { (i128::from(self) / i128::from(n)) as $t }
             }
             #[inline(always)]
             fn widen(self) -> Self { self }
@@ -380,6 +382,20 @@ mod tests {
         assert_eq!(bf16::ONE.div_count(0).to_bits(), bf16::INFINITY.to_bits());
     }
 
+    /// AVG's division by a world size wider than the element type (issue [13] review:
+    /// it used to be cast into the type first).
+    #[test]
+    fn integer_average_of_large_worlds() {
+        assert_eq!(100i8.div_count(200), 0);
+        assert_eq!((-128i8).div_count(300), 0);
+        assert_eq!(200u8.div_count(300), 0);
+        assert_eq!(200u8.div_count(256), 0);
+        assert_eq!(255u8.div_count(2), 127);
+        assert_eq!(i64::MIN.div_count(65535), i64::MIN / 65535);
+        assert_eq!(u64::MAX.div_count(65535), u64::MAX / 65535);
+        assert_eq!((-7i32).div_count(2), -3);
+    }
+
     /// The branch-free bf16 rounding is `half`'s (NaN canonical) for every class of
     /// input: ties both ways, the largest finite values rounding to infinity, zeros,
     /// subnormals, infinities and NaNs of either sign and any payload.
@@ -387,8 +403,19 @@ mod tests {
     fn bf16_narrow_is_halfs_rounding() {
         let mut x: u32 = 0x1234_5678;
         let special = [
-            0, 0x8000_0000, 0x3f80_8000, 0x3f81_8000, 0x3f80_7fff, 0x7f7f_ffff, 0xff7f_8000,
-            0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0xffff_ffff, 0x7f80_0001, 0x0000_0001,
+            0,
+            0x8000_0000,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x3f80_7fff,
+            0x7f7f_ffff,
+            0xff7f_8000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0xffff_ffff,
+            0x7f80_0001,
+            0x0000_0001,
             0x807f_ffff,
         ];
         let xorshift = |x: &mut u32| {
