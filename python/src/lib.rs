@@ -314,6 +314,18 @@ struct PyComm {
 }
 
 impl PyComm {
+    /// The `send` argument's buffer, or None for `inccl.IN_PLACE`.
+    fn send_buffer(
+        &self,
+        send: &Bound<'_, PyAny>,
+        dtype: Option<DataType>,
+    ) -> PyResult<Option<Buffer>> {
+        if send.is_instance_of::<InPlace>() {
+            return Ok(None);
+        }
+        Buffer::get(send, "send", false, dtype).map(Some)
+    }
+
     /// Run `f` on the communicator with the GIL released; a signal that arrived
     /// meanwhile (Ctrl-C) is raised first, with INCCL's error (if any) as its cause.
     fn run<F>(&self, py: Python<'_>, f: F) -> PyResult<()>
@@ -372,14 +384,15 @@ impl PyComm {
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (op, dtype) = (parse_op(op)?, parse_dtype(dtype)?);
-        let mut r = Buffer::get(recv, "recv", true, dtype)?;
-        let dt = r.dtype();
-        if send.is_instance_of::<InPlace>() {
+        let Some(s) = self.send_buffer(send, dtype)? else {
+            let mut r = Buffer::get(recv, "recv", true, dtype)?;
+            let dt = r.dtype();
             check_op(op, dt)?;
             let buf = r.bytes_mut();
             return self.run(py, move |c| c.allreduce_bytes_in_place(buf, dt, op));
-        }
-        let s = Buffer::get(send, "send", false, dtype)?;
+        };
+        let mut r = Buffer::get(recv, "recv", true, dtype)?;
+        let dt = r.dtype();
         pair(&s, &r)?;
         check_op(op, dt)?;
         if s.addr() == r.addr() {
@@ -407,7 +420,7 @@ impl PyComm {
         let root = rank_arg(root, "root", self.size)?;
         let is_root = self.rank == root;
         let recv = recv.filter(|r| !r.is_none());
-        if send.is_instance_of::<InPlace>() {
+        let Some(s) = self.send_buffer(send, dtype)? else {
             let recv = recv.ok_or_else(|| {
                 PyTypeError::new_err("recv: required with send=inccl.IN_PLACE (it is the data)")
             })?;
@@ -420,8 +433,7 @@ impl PyComm {
             }
             let src = b.bytes();
             return self.run(py, move |c| c.reduce_bytes(src, &mut [], dt, op, root));
-        }
-        let s = Buffer::get(send, "send", false, dtype)?;
+        };
         let dt = s.dtype();
         if !is_root {
             check_op(op, dt)?;

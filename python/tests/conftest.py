@@ -1,6 +1,6 @@
 """Fixtures: the emulated network and ranks as processes.
 
-The network is `inccl-test-fabric` (tests/fabric.rs): the Rust tests' in-process
+The network is `inccl-test-fabric` (python/test-fabric): the Rust tests' in-process
 controller and switch engines of topologies/1-2-4.yaml over UDP on the loopback of a
 private network namespace (needs root). Each rank is a forked process that joins that
 namespace (setns) and uses its topology host address as data-plane IP.
@@ -100,7 +100,7 @@ def _rank_main(fabric, rank, world, master, body, args, env, results):
 @pytest.fixture(scope="session")
 def fabric():
     exe = os.environ.get("INCCL_TEST_FABRIC") or str(
-        ROOT / "target" / "release" / "examples" / "inccl-test-fabric"
+        ROOT / "target" / "release" / "inccl-test-fabric"
     )
     if not Path(exe).exists():
         pytest.fail(f"{exe} not found: run scripts/python-test (it builds it)")
