@@ -64,6 +64,16 @@ pub enum CredentialsError {
         /// Permission bits.
         mode: u32,
     },
+    /// Another user owns the file: whoever that is could change the credentials.
+    #[error("token file {path} is owned by {owner}, not by {user}, who runs the controller; run `chown {user} {path}` if that is intended")]
+    ForeignOwner {
+        /// File.
+        path: PathBuf,
+        /// Owner of the file (name and uid).
+        owner: String,
+        /// User running the controller (name and uid).
+        user: String,
+    },
     /// The content is not `switch <token>` and `host <token>` lines.
     #[error("token file {path}:{line}: {reason}")]
     Malformed {
@@ -199,19 +209,26 @@ impl Credentials {
         if mode & 0o077 != 0 {
             return Err(CredentialsError::Exposed { path: path.to_path_buf(), mode });
         }
-        // Another user's file is not ours to trust (root may read anything).
+        // Another user's file is not ours to trust, root's included: root can read it,
+        // but its owner could have put any credentials in it.
         let uid = nix::unistd::Uid::effective();
-        if !uid.is_root() && meta.uid() != uid.as_raw() {
-            return Err(CredentialsError::Io {
+        if meta.uid() != uid.as_raw() {
+            return Err(CredentialsError::ForeignOwner {
                 path: path.to_path_buf(),
-                source: io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("owned by uid {}, not by this user", meta.uid()),
-                ),
+                owner: user_label(meta.uid()),
+                user: user_label(uid.as_raw()),
             });
         }
         let text = fs::read_to_string(path).map_err(io_err)?;
         Self::parse(path, &text)
+    }
+}
+
+/// `name (uid N)`, or `uid N` for a uid without a name.
+fn user_label(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("{} (uid {uid})", u.name),
+        _ => format!("uid {uid}"),
     }
 }
 
@@ -379,6 +396,26 @@ mod tests {
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         let e = Credentials::load(&path).unwrap_err().to_string();
         assert!(e.contains("chmod 600"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Root too refuses another user's token file (needs root to give the file away).
+    #[test]
+    fn another_users_token_file_is_refused() {
+        use std::os::unix::fs::chown;
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("inc-auth-owner-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let path = dir.join("token");
+        Credentials::load_or_create(&path).unwrap();
+        chown(&path, Some(65534), None).unwrap();
+        let e = Credentials::load(&path).unwrap_err();
+        assert!(matches!(e, CredentialsError::ForeignOwner { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.contains(&path.display().to_string()) && e.contains("uid 65534"), "{e}");
         fs::remove_dir_all(&dir).unwrap();
     }
 

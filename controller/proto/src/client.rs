@@ -5,7 +5,7 @@ use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::codec::{write_frame, CodecError, FrameDecoder};
+use crate::codec::{quote, write_frame, CodecError, FrameDecoder, MAX_REPLY_FRAME};
 use crate::{Envelope, HostEndpoint, Message, PortInfo, RankEndpoint, StatusReport, SwitchRules};
 
 /// Client-side errors.
@@ -55,7 +55,9 @@ impl Conn {
                     stream
                         .set_write_timeout(Some(timeout.max(Duration::from_millis(1))))
                         .map_err(CodecError::from)?;
-                    return Ok(Conn { stream, dec: FrameDecoder::new(), next_id: 1 });
+                    // The controller's replies may exceed the request limit (`status`).
+                    let dec = FrameDecoder::with_limit(MAX_REPLY_FRAME);
+                    return Ok(Conn { stream, dec, next_id: 1 });
                 }
                 Err(e) => last = e,
             }
@@ -205,6 +207,9 @@ impl ControllerClient {
     }
 }
 
+/// Longest reason a switch sends with a rejected push.
+pub const REJECT_REASON_MAX: usize = 512;
+
 /// A rule push received by a switch.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Push {
@@ -285,8 +290,9 @@ impl SwitchSession {
         self.conn.send(id, Message::Ack)
     }
 
-    /// Refuse a push with a reason (the controller fails the operation).
+    /// Refuse a push with a reason (the controller fails the operation). The reason is
+    /// cut to [`REJECT_REASON_MAX`] bytes: it travels on into the host's error reply.
     pub fn reject(&mut self, id: u64, reason: impl Into<String>) -> Result<(), ClientError> {
-        self.conn.send(id, Message::error(reason))
+        self.conn.send(id, Message::error(quote(&reason.into(), REJECT_REASON_MAX)))
     }
 }

@@ -8,8 +8,39 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Envelope, Message, PROTOCOL_VERSION};
 
-/// Largest frame body accepted, checked before any allocation.
+/// Largest frame body accepted from a peer of the controller (requests, switch
+/// answers) and by INCCL's bootstrap, checked before any allocation.
 pub const MAX_FRAME: usize = 1 << 20;
+
+/// Largest frame the controller itself sends and its clients accept: replies whose
+/// size the controller's own state sets (`status` with every communicator the limits
+/// allow is tens of MiB). The client's buffer grows only with bytes that arrived.
+pub const MAX_REPLY_FRAME: usize = 256 << 20;
+
+/// Longest peer-provided text quoted in an error message or a log line.
+pub const MAX_QUOTED: usize = 128;
+
+/// `text` made safe to quote: at most `max` bytes of it (on a char boundary), control
+/// characters escaped (a peer cannot start a new log line or send terminal escapes),
+/// and the full length when it was cut.
+pub fn quote(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = String::with_capacity(end + 24);
+    for c in text[..end].chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if end < text.len() {
+        out.push_str(&format!("... ({} bytes)", text.len()));
+    }
+    out
+}
 
 /// Framing and decoding errors.
 #[derive(Debug, thiserror::Error)]
@@ -65,11 +96,16 @@ impl CodecError {
 
 /// Encode a message into a complete frame (length prefix included).
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
+    encode_with_limit(msg, MAX_FRAME)
+}
+
+/// [`encode`] with another size limit (the controller's replies: [`MAX_REPLY_FRAME`]).
+pub fn encode_with_limit<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, CodecError> {
     let mut buf = vec![0u8; 4];
     serde_json::to_writer(&mut buf, msg).map_err(|e| CodecError::Malformed(e.to_string()))?;
     let len = buf.len() - 4;
-    if len > MAX_FRAME {
-        return Err(CodecError::TooLarge { len, max: MAX_FRAME });
+    if len > max.min(u32::MAX as usize) {
+        return Err(CodecError::TooLarge { len, max });
     }
     buf[..4].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(buf)
@@ -85,13 +121,14 @@ pub fn decode_body(body: &[u8]) -> Result<Envelope, CodecError> {
         version: u16,
         id: u64,
     }
-    let header: Header =
-        serde_json::from_slice(body).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    // serde_json quotes the offending input (up to a whole frame): only a prefix is kept.
+    let malformed =
+        |e: serde_json::Error| CodecError::Malformed(quote(&e.to_string(), 2 * MAX_QUOTED));
+    let header: Header = serde_json::from_slice(body).map_err(malformed)?;
     if header.version != PROTOCOL_VERSION {
         return Err(CodecError::Version { version: header.version, id: header.id });
     }
-    let env: Envelope =
-        serde_json::from_slice(body).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let env: Envelope = serde_json::from_slice(body).map_err(malformed)?;
     Ok(env)
 }
 
@@ -149,9 +186,11 @@ pub fn write_message<W: Write>(w: &mut W, id: u64, body: Message) -> Result<(), 
 /// Splits a byte stream into frame bodies without blocking: feed it what was read,
 /// take complete bodies out. The length is checked against [`MAX_FRAME`] before
 /// anything is buffered for the body.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FrameBuffer {
     buf: Vec<u8>,
+    /// Largest body accepted.
+    max: usize,
     /// Bytes before `start` are consumed; compacted lazily so that many small frames
     /// in one read do not shift the buffer once per frame.
     start: usize,
@@ -159,10 +198,25 @@ pub struct FrameBuffer {
     poisoned: Option<usize>,
 }
 
+impl Default for FrameBuffer {
+    fn default() -> Self {
+        Self::with_limit(MAX_FRAME)
+    }
+}
+
+/// Capacity a drained buffer keeps; a larger one (after a big frame) is returned to
+/// the allocator so an idle connection does not hold a megabyte.
+const IDLE_CAPACITY: usize = 64 * 1024;
+
 impl FrameBuffer {
-    /// Empty buffer.
+    /// Empty buffer accepting bodies up to [`MAX_FRAME`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Empty buffer accepting bodies up to `max` bytes.
+    pub fn with_limit(max: usize) -> Self {
+        FrameBuffer { buf: Vec::new(), max, start: 0, poisoned: None }
     }
 
     /// Append received bytes.
@@ -187,18 +241,18 @@ impl FrameBuffer {
     /// keeps returning that error.
     pub fn next_body(&mut self) -> Result<Option<Vec<u8>>, CodecError> {
         if let Some(len) = self.poisoned {
-            return Err(CodecError::TooLarge { len, max: MAX_FRAME });
+            return Err(CodecError::TooLarge { len, max: self.max });
         }
         let rest = &self.buf[self.start..];
         if rest.len() < 4 {
             return Ok(None);
         }
         let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len > MAX_FRAME {
+        if len > self.max {
             self.poisoned = Some(len);
             self.buf = Vec::new();
             self.start = 0;
-            return Err(CodecError::TooLarge { len, max: MAX_FRAME });
+            return Err(CodecError::TooLarge { len, max: self.max });
         }
         if rest.len() < 4 + len {
             return Ok(None);
@@ -208,6 +262,9 @@ impl FrameBuffer {
         if self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
+            if self.buf.capacity() > IDLE_CAPACITY {
+                self.buf = Vec::new();
+            }
         }
         Ok(Some(body))
     }
@@ -221,9 +278,15 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
-    /// Empty decoder.
+    /// Empty decoder accepting frames up to [`MAX_FRAME`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Empty decoder accepting frames up to `max` bytes (a client reading the
+    /// controller: [`MAX_REPLY_FRAME`]).
+    pub fn with_limit(max: usize) -> Self {
+        FrameDecoder { frames: FrameBuffer::with_limit(max) }
     }
 
     /// Append received bytes.

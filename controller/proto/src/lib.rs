@@ -4,7 +4,8 @@
 //!   communicator; [`HostEndpoint`]: what each rank gets back.
 //! - [`Envelope`] / [`Message`]: the controller protocol. A frame is a 4-byte
 //!   big-endian length followed by a JSON envelope `{version, id, body}`; frames above
-//!   [`codec::MAX_FRAME`] are refused before allocation.
+//!   [`codec::MAX_FRAME`] are refused before allocation; the controller's own replies
+//!   may be up to [`codec::MAX_REPLY_FRAME`] (`status` of a large deployment).
 //! - [`ControllerClient`] and [`SwitchSession`]: blocking clients (std sockets,
 //!   bounded waits) so the switch and INCCL never re-implement framing.
 
@@ -18,8 +19,10 @@ mod rules;
 /// and `inc-controller status`).
 pub const TOKEN_ENV: &str = "INC_CONTROLLER_TOKEN";
 
-pub use client::{ClientError, ControllerClient, Push, PushRequest, SwitchSession};
-pub use codec::{CodecError, FrameBuffer, FrameDecoder, MAX_FRAME};
+pub use client::{
+    ClientError, ControllerClient, Push, PushRequest, SwitchSession, REJECT_REASON_MAX,
+};
+pub use codec::{CodecError, FrameBuffer, FrameDecoder, MAX_FRAME, MAX_REPLY_FRAME};
 pub use inc_wire::{EthernetAddress, ParseEthernetAddressError};
 pub use msg::{
     CommunicatorStatus, Envelope, GroupStatus, Message, StatusReport, SwitchStatus,

@@ -3,8 +3,9 @@
 //! threads or clocks in here; [`super::Controller`] does the I/O around it and the
 //! tests and the fuzz target drive it directly.
 //!
-//! - connections: limits per address and in total, the authentication deadline, the
-//!   per-frame deadline, framing errors (this file);
+//! - connections: admission (limits per address and in total, room kept for the
+//!   authenticated), the authentication deadline, the per-frame deadline, framing
+//!   errors (this file);
 //! - requests: switch registration, groups, communicators and their rule pushes
 //!   ([`super::requests`]);
 //! - operations waiting for switch acknowledgements and their deadlines
@@ -20,7 +21,8 @@ use inc_ctrl_proto::{
 };
 use tracing::{debug, info, warn};
 
-use super::ops::{Op, Pending};
+use super::loglimit::LogLimiter;
+use super::ops::{Op, Pending, Repush};
 use super::ServiceConfig;
 use crate::auth::Role;
 use crate::compiler::{Allocator, Compiled};
@@ -95,7 +97,11 @@ pub(super) struct Comm {
 pub struct Core {
     pub(super) cfg: ServiceConfig,
     pub(super) conns: HashMap<ConnId, Conn>,
-    per_ip: HashMap<IpAddr, usize>,
+    /// Address of every connection whose resources (threads, buffers) the I/O layer
+    /// has not released yet, open or closed: what the limits count.
+    slots: HashMap<ConnId, IpAddr>,
+    /// Peer-caused warnings written, per address.
+    logs: LogLimiter,
     /// Registered switches by topology id.
     pub(super) switches: HashMap<u32, ConnId>,
     /// Ports of each switch, as last registered, that take whole UDP GSO frames.
@@ -106,6 +112,8 @@ pub struct Core {
     /// Rule pushes waiting for the switch's answer, by push (request) id.
     pub(super) pending: HashMap<u64, Pending>,
     pub(super) ops: HashMap<u64, Op>,
+    /// Switches that registered and are being re-pushed their communicators.
+    pub(super) repush: HashMap<u32, Repush>,
     pub(super) next_group: u64,
     pub(super) next_comm: u32,
     pub(super) next_push: u64,
@@ -121,7 +129,8 @@ impl Core {
         Core {
             cfg,
             conns: HashMap::new(),
-            per_ip: HashMap::new(),
+            slots: HashMap::new(),
+            logs: LogLimiter::new(now),
             switches: HashMap::new(),
             gso_ports: HashMap::new(),
             groups: BTreeMap::new(),
@@ -129,6 +138,7 @@ impl Core {
             alloc: Allocator::new(),
             pending: HashMap::new(),
             ops: HashMap::new(),
+            repush: HashMap::new(),
             next_group: 1,
             next_comm: 1,
             // Push ids live in the id space of requests the controller sends; starting
@@ -150,30 +160,71 @@ impl Core {
         std::mem::take(&mut self.out)
     }
 
-    /// A new connection from `peer`. Refused (error frame, then close) when the
-    /// service or this address already has as many connections as allowed.
+    /// A new connection from `peer`. Refused (error frame, then close) when its
+    /// address already has as many connections (or unauthenticated ones) as allowed.
+    /// When the service is full, or holds as many unauthenticated connections as
+    /// allowed, the oldest unauthenticated connection of the address holding the most
+    /// of them is closed to make room: the unauthenticated cannot lock out a switch or
+    /// rank 0, whose first message authenticates them.
     pub fn open(&mut self, conn: ConnId, peer: SocketAddr, now: Instant) {
         self.now = now;
+        let ip = peer.ip();
         let limits = &self.cfg.limits;
-        let from_ip = self.per_ip.get(&peer.ip()).copied().unwrap_or(0);
-        let refuse = if self.conns.len() >= limits.max_connections {
-            Some(format!("too many connections (limit {})", limits.max_connections))
-        } else if from_ip >= limits.max_connections_per_address {
+        let from_ip = self.slots.values().filter(|a| **a == ip).count();
+        let mut unauth: HashMap<IpAddr, Vec<ConnId>> = HashMap::new();
+        for (id, c) in &self.conns {
+            if c.standing == Standing::New {
+                unauth.entry(c.peer.ip()).or_default().push(*id);
+            }
+        }
+        let unauth_total: usize = unauth.values().map(Vec::len).sum();
+        let refuse = if from_ip >= limits.max_connections_per_address {
             Some(format!(
-                "too many connections from {} (limit {} per address)",
-                peer.ip(),
+                "too many connections from {ip} (limit {} per address)",
                 limits.max_connections_per_address
             ))
+        } else if unauth.get(&ip).map_or(0, Vec::len) >= limits.max_unauthenticated_per_address {
+            Some(format!(
+                "too many unauthenticated connections from {ip} (limit {} per address)",
+                limits.max_unauthenticated_per_address
+            ))
+        } else if self.slots.len() >= limits.max_connections + limits.max_closing {
+            // Connections closed a moment ago whose threads are still ending.
+            Some(format!("too many connections (limit {})", limits.max_connections))
         } else {
             None
         };
+        let full = self.conns.len() >= limits.max_connections
+            || unauth_total >= limits.max_unauthenticated;
+        let victim = unauth
+            .values()
+            .max_by_key(|ids| (ids.len(), std::cmp::Reverse(ids.iter().min().copied())))
+            .and_then(|ids| ids.iter().min().copied());
+        let refuse = refuse.or_else(|| match (full, victim) {
+            (true, None) => {
+                Some(format!("too many connections (limit {})", limits.max_connections))
+            }
+            _ => None,
+        });
         if let Some(reason) = refuse {
-            warn!(%peer, %reason, "connection refused");
+            if self.may_log(ip) {
+                warn!(%peer, %reason, "connection refused");
+            }
             self.send(conn, 0, Message::error(reason.clone()));
             self.out.push(Output::Close { conn, reason });
             return;
         }
-        *self.per_ip.entry(peer.ip()).or_default() += 1;
+        if let (true, Some(v)) = (full, victim) {
+            let reason = "closed to make room: the service is full and this connection had not authenticated".to_string();
+            if let Some(p) = self.conns.get(&v).map(|c| c.peer) {
+                if self.may_log(p.ip()) {
+                    warn!(peer = %p, "unauthenticated connection closed to make room");
+                }
+            }
+            self.send(v, 0, Message::error(reason.clone()));
+            self.close(v, reason);
+        }
+        self.slots.insert(conn, ip);
         self.conns.insert(
             conn,
             Conn {
@@ -189,36 +240,59 @@ impl Core {
         debug!(%peer, conn, "connection accepted");
     }
 
-    /// Bytes received on a connection.
+    /// The I/O layer has released everything a connection held (its threads ended,
+    /// its buffers are freed): its place in the limits is free again.
+    pub fn released(&mut self, conn: ConnId) {
+        self.slots.remove(&conn);
+    }
+
+    /// Whether a warning caused by a peer at `ip` may be logged now (rate limit per
+    /// address, see [`LogLimiter`]).
+    pub(super) fn may_log(&mut self, ip: IpAddr) -> bool {
+        self.logs.allow(ip, self.now)
+    }
+
+    /// Bytes received on a connection: buffered, then every complete frame handled.
     pub fn receive(&mut self, conn: ConnId, data: &[u8], now: Instant) {
+        self.buffer(conn, data, now);
+        while self.next_frame(conn, now) {}
+    }
+
+    /// Bytes received on a connection, only buffered: [`Core::next_frame`] handles
+    /// them one frame at a time, so the I/O layer can stop between frames while the
+    /// peer does not read its replies (flow control).
+    pub fn buffer(&mut self, conn: ConnId, data: &[u8], now: Instant) {
         self.now = now;
         let Some(c) = self.conns.get_mut(&conn) else { return };
         c.frames.extend(data);
-        let mut completed = false;
-        loop {
-            let Some(c) = self.conns.get_mut(&conn) else { return };
-            match c.frames.next_body() {
-                Ok(Some(body)) => {
-                    completed = true;
-                    self.frame(conn, &body);
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    // The stream cannot be resynchronised after a bad length.
-                    warn!(peer = %c.peer, error = %e, "bad frame, closing connection");
-                    self.send(conn, 0, Message::error(e.to_string()));
-                    self.close(conn, e.to_string());
-                    return;
-                }
-            }
+        if c.frames.buffered() > 0 && c.frame_started.is_none() {
+            c.frame_started = Some(now);
         }
-        if let Some(c) = self.conns.get_mut(&conn) {
-            // The deadline covers one frame: it restarts when a frame completes.
-            c.frame_started = match c.frames.buffered() {
-                0 => None,
-                _ if completed => Some(now),
-                _ => c.frame_started.or(Some(now)),
-            };
+    }
+
+    /// Handle the next complete buffered frame of a connection; false when there is
+    /// none (more bytes are needed, or the connection is closed).
+    pub fn next_frame(&mut self, conn: ConnId, now: Instant) -> bool {
+        self.now = now;
+        let Some(c) = self.conns.get_mut(&conn) else { return false };
+        match c.frames.next_body() {
+            Ok(Some(body)) => {
+                // The deadline covers one frame: it restarts when a frame completes.
+                c.frame_started = (c.frames.buffered() > 0).then_some(now);
+                self.frame(conn, &body);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                // The stream cannot be resynchronised after a bad length.
+                let peer = c.peer;
+                if self.may_log(peer.ip()) {
+                    warn!(%peer, error = %e, "bad frame, closing connection");
+                }
+                self.send(conn, 0, Message::error(e.to_string()));
+                self.close(conn, e.to_string());
+                false
+            }
         }
     }
 
@@ -244,13 +318,16 @@ impl Core {
         }
         late.sort();
         for (id, reason) in late {
-            if let Some(c) = self.conns.get(&id) {
-                warn!(peer = %c.peer, %reason, "closing connection");
+            if let Some(ip) = self.conns.get(&id).map(|c| c.peer.ip()) {
+                if self.may_log(ip) {
+                    warn!(peer = %ip, conn = id, %reason, "closing connection");
+                }
             }
             self.send(id, 0, Message::error(reason.clone()));
             self.close(id, reason);
         }
         self.expire_pushes();
+        self.logs.tick(now);
     }
 
     /// The earliest time [`Core::tick`] has something to do.
@@ -260,12 +337,20 @@ impl Core {
                 .into_iter()
                 .flatten()
         });
-        conns.chain(self.pending.values().map(|p| p.deadline)).min()
+        conns
+            .chain(self.pending.values().map(|p| p.deadline))
+            .chain(self.logs.next_deadline())
+            .min()
     }
 
     /// Connections currently open.
     pub fn connections(&self) -> usize {
         self.conns.len()
+    }
+
+    /// Connections whose resources are not released yet (open or closing).
+    pub fn slots(&self) -> usize {
+        self.slots.len()
     }
 
     /// Pushes waiting for an acknowledgement.
@@ -283,15 +368,10 @@ impl Core {
 
     fn forget(&mut self, conn: ConnId) {
         let Some(c) = self.conns.remove(&conn) else { return };
-        if let Some(n) = self.per_ip.get_mut(&c.peer.ip()) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_ip.remove(&c.peer.ip());
-            }
-        }
         if let Standing::Switch(id) = c.standing {
             if self.switches.get(&id) == Some(&conn) {
                 self.switches.remove(&id);
+                self.repush.remove(&id);
                 info!(switch_id = id, peer = %c.peer, "switch disconnected");
             }
             self.fail_pushes_of(conn);
@@ -312,8 +392,11 @@ impl Core {
             Ok(env) => env,
             Err(e) => {
                 let id = e.request_id().or_else(|| peek_id(body)).unwrap_or(0);
-                if let Some(c) = self.conns.get(&conn) {
-                    warn!(peer = %c.peer, id, error = %e, "bad message");
+                // The codec quotes at most a short, escaped prefix of the input.
+                if let Some(ip) = self.conns.get(&conn).map(|c| c.peer.ip()) {
+                    if self.may_log(ip) {
+                        warn!(peer = %ip, conn, id, error = %e, "bad message");
+                    }
                 }
                 self.send(conn, id, Message::error(e.to_string()));
                 return;
@@ -345,8 +428,10 @@ impl Core {
     pub(super) fn auth_failed(&mut self, conn: ConnId, id: u64, reason: &str) {
         let Some(c) = self.conns.get_mut(&conn) else { return };
         c.auth_failures += 1;
-        let failures = c.auth_failures;
-        warn!(peer = %c.peer, failures, "authentication failed");
+        let (failures, peer) = (c.auth_failures, c.peer);
+        if self.may_log(peer.ip()) {
+            warn!(%peer, failures, "authentication failed");
+        }
         self.send(conn, id, Message::error(format!("authentication failed: {reason}")));
         if failures >= self.cfg.limits.max_auth_failures {
             self.close(conn, format!("{failures} failed authentications"));

@@ -1,27 +1,31 @@
 //! The controller service: the sans-IO [`Core`] with TCP around it.
 //!
 //! One reader and one writer thread per connection and one timer thread. Readers hand
-//! received bytes to the core; the core's outputs go to per-connection queues that
-//! the writers drain, so a peer that does not read can only block its own writer (a
-//! full queue closes it). The core lock is never held while touching a socket.
+//! received bytes to the core one frame at a time; the core's outputs are encoded into
+//! per-connection queues bounded in bytes that the writers drain. A reader stops
+//! reading while its connection's queue holds more than `Limits::reply_budget_bytes`
+//! (flow control: a peer that does not read its replies only stalls itself), and a
+//! connection closes at once: its socket is shut down, both threads end, and only
+//! then is its place in the limits released. The core lock is never held while
+//! touching a socket.
 
 mod core;
+mod loglimit;
 mod ops;
 mod requests;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use inc_ctrl_proto::codec::write_frame;
-use inc_ctrl_proto::{Envelope, StatusReport};
+use inc_ctrl_proto::codec::{encode_with_limit, MAX_REPLY_FRAME};
+use inc_ctrl_proto::{Envelope, Message, StatusReport};
 use inc_topology::Topology;
 use tracing::{debug, info, warn};
 
@@ -31,10 +35,20 @@ use crate::auth::Auth;
 /// Resource bounds of the service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections served at once; more are refused.
+    /// Connections served at once; when full, an unauthenticated one is closed to
+    /// make room for a new one, and without one the new one is refused.
     pub max_connections: usize,
-    /// Connections from one IP address at once.
+    /// Connections from one IP address at once, counting closed ones whose threads
+    /// have not ended yet.
     pub max_connections_per_address: usize,
+    /// Connections that have not authenticated (nor registered a switch) at once;
+    /// the rest of `max_connections` is kept for switches and authenticated hosts.
+    pub max_unauthenticated: usize,
+    /// Unauthenticated connections from one IP address at once.
+    pub max_unauthenticated_per_address: usize,
+    /// Closed connections still ending (threads, buffers) on top of
+    /// `max_connections` before new connections are refused.
+    pub max_closing: usize,
     /// Groups one connection may hold.
     pub max_groups_per_connection: usize,
     /// Communicators one group may hold.
@@ -43,8 +57,14 @@ pub struct Limits {
     pub max_requests_in_flight: usize,
     /// Failed authentications before the connection is closed.
     pub max_auth_failures: u32,
-    /// Frames queued for one connection before it counts as not reading and is closed.
-    pub max_queued_frames: usize,
+    /// Bytes queued for a connection above which its next frame is not read until
+    /// the peer has read its replies.
+    pub reply_budget_bytes: usize,
+    /// Bytes queued for a connection above which it counts as not reading and is
+    /// closed (reachable only by pushes to a switch that does not read them).
+    pub max_queued_bytes: usize,
+    /// Re-pushes unanswered at once when a switch registers.
+    pub repush_window: usize,
 }
 
 impl Default for Limits {
@@ -52,11 +72,16 @@ impl Default for Limits {
         Limits {
             max_connections: 256,
             max_connections_per_address: 64,
+            max_unauthenticated: 64,
+            max_unauthenticated_per_address: 8,
+            max_closing: 64,
             max_groups_per_connection: 16,
             max_communicators_per_group: 64,
             max_requests_in_flight: 4,
             max_auth_failures: 3,
-            max_queued_frames: 1024,
+            reply_budget_bytes: 256 << 10,
+            max_queued_bytes: 64 << 20,
+            repush_window: 64,
         }
     }
 }
@@ -88,7 +113,7 @@ impl ServiceConfig {
             auth,
             ack_timeout: Duration::from_secs(5),
             frame_timeout: Duration::from_secs(10),
-            hello_timeout: Duration::from_secs(30),
+            hello_timeout: Duration::from_secs(5),
             limits: Limits::default(),
             seed: rand::random(),
         }
@@ -113,20 +138,63 @@ pub enum ServiceError {
     },
 }
 
-/// A connection's outgoing side.
+/// Listen backlog: room for a burst of every connection the limits allow (std's
+/// `TcpListener` uses 128); the kernel caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// Bytes one `read` takes from a socket.
+const READ_CHUNK: usize = 16 << 10;
+
+/// How long a closing connection's last frames (e.g. why it is closed) may take to
+/// go out before the socket is shut down regardless.
+const CLOSE_GRACE: Duration = Duration::from_millis(200);
+
+/// How often a writer waiting for the socket checks whether its connection closed.
+const WRITE_POLL: Duration = Duration::from_millis(50);
+
+/// Frames encoded for a connection, waiting for its writer.
+#[derive(Debug, Default)]
+struct Queue {
+    frames: VecDeque<Vec<u8>>,
+    /// Bytes queued, including the frame being written.
+    bytes: usize,
+    /// No more frames: the writer sends what is queued within [`CLOSE_GRACE`], then
+    /// shuts the socket down.
+    closing: bool,
+}
+
+/// A connection's I/O state shared by its reader, its writer and whoever executes
+/// the core's outputs.
 #[derive(Debug)]
-struct Outbox {
-    queue: SyncSender<Envelope>,
-    /// To shut the socket down when the queue overflows.
-    socket: TcpStream,
+struct ConnIo {
+    queue: Mutex<Queue>,
+    /// Signalled when frames are queued, written, or the connection closes.
+    changed: Condvar,
+}
+
+impl ConnIo {
+    /// Stop the connection: the writer sends what is queued (within [`CLOSE_GRACE`])
+    /// and shuts the socket down, which ends the reader.
+    fn close(&self) {
+        lock(&self.queue).closing = true;
+        self.changed.notify_all();
+    }
+
+    fn closing(&self) -> bool {
+        lock(&self.queue).closing
+    }
 }
 
 #[derive(Debug)]
 struct Shared {
     core: Mutex<Core>,
-    outboxes: Mutex<HashMap<ConnId, Outbox>>,
+    /// Taken before the core lock is released and held while its outputs are queued,
+    /// so frames reach each connection in the order the core produced them.
+    exec: Mutex<()>,
+    conns: Mutex<HashMap<ConnId, Arc<ConnIo>>>,
     next_conn: AtomicU64,
     stop: AtomicBool,
+    reply_budget: usize,
     max_queued: usize,
     write_timeout: Duration,
 }
@@ -138,41 +206,61 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     /// Run `f` on the core at the current time, then carry out what it asked for.
-    fn with_core(&self, f: impl FnOnce(&mut Core, Instant)) {
-        let outputs = {
+    fn with_core<R>(&self, f: impl FnOnce(&mut Core, Instant) -> R) -> R {
+        let (r, outputs, exec) = {
             let mut core = lock(&self.core);
-            f(&mut core, Instant::now());
-            core.take_outputs()
+            let r = f(&mut core, Instant::now());
+            (r, core.take_outputs(), lock(&self.exec))
         };
         self.execute(outputs);
+        drop(exec);
+        r
     }
 
     fn execute(&self, outputs: Vec<Output>) {
-        let mut boxes = lock(&self.outboxes);
         for o in outputs {
             match o {
                 Output::Send { conn, envelope } => {
-                    let Some(b) = boxes.get(&conn) else { continue };
-                    match b.queue.try_send(envelope) {
-                        Ok(()) => {}
-                        Err(TrySendError::Full(_)) => {
-                            warn!(
-                                conn,
-                                limit = self.max_queued,
-                                "peer does not read its replies; closing"
-                            );
-                            let _ = b.socket.shutdown(Shutdown::Both);
-                            boxes.remove(&conn);
+                    let Some(io) = lock(&self.conns).get(&conn).cloned() else { continue };
+                    let frame = match encode_with_limit(&envelope, MAX_REPLY_FRAME) {
+                        Ok(f) => f,
+                        Err(e) => {
+                            // Only the controller's own state can make a frame this large.
+                            warn!(conn, error = %e, "reply cannot be encoded");
+                            let msg = Message::error(format!("reply not sent: {e}"));
+                            match encode_with_limit(
+                                &Envelope::new(envelope.id, msg),
+                                MAX_REPLY_FRAME,
+                            ) {
+                                Ok(f) => f,
+                                Err(_) => continue,
+                            }
                         }
-                        Err(TrySendError::Disconnected(_)) => {
-                            boxes.remove(&conn);
-                        }
+                    };
+                    let mut q = lock(&io.queue);
+                    if q.closing {
+                        continue;
                     }
+                    if q.bytes > self.max_queued {
+                        drop(q);
+                        warn!(
+                            conn,
+                            limit = self.max_queued,
+                            "peer does not read what it is sent; closing"
+                        );
+                        io.close();
+                        lock(&self.conns).remove(&conn);
+                        continue;
+                    }
+                    q.bytes += frame.len();
+                    q.frames.push_back(frame);
+                    io.changed.notify_all();
                 }
                 Output::Close { conn, reason } => {
                     debug!(conn, %reason, "closing after queued frames");
-                    // The writer sends what is queued, then shuts the socket down.
-                    boxes.remove(&conn);
+                    if let Some(io) = lock(&self.conns).remove(&conn) {
+                        io.close();
+                    }
                 }
             }
         }
@@ -187,11 +275,36 @@ pub struct Controller {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// A listener with [`LISTEN_BACKLOG`].
+fn listen(addr: &str) -> io::Result<TcpListener> {
+    use std::net::ToSocketAddrs as _;
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for a in addr.to_socket_addrs()? {
+        let bind = || -> io::Result<TcpListener> {
+            let s = socket2::Socket::new(
+                socket2::Domain::for_address(a),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )?;
+            // As std does: a restarted controller binds while old connections linger.
+            s.set_reuse_address(true)?;
+            s.bind(&a.into())?;
+            s.listen(LISTEN_BACKLOG)?;
+            Ok(s.into())
+        };
+        match bind() {
+            Ok(l) => return Ok(l),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 impl Controller {
     /// Listen on `addr` and serve in background threads.
     pub fn start(cfg: ServiceConfig, addr: &str) -> Result<Controller, ServiceError> {
         let bind_err = |source| ServiceError::Bind { addr: addr.to_string(), source };
-        let listener = TcpListener::bind(addr).map_err(bind_err)?;
+        let listener = listen(addr).map_err(bind_err)?;
         let local = listener.local_addr().map_err(bind_err)?;
         info!(
             addr = %local,
@@ -202,10 +315,12 @@ impl Controller {
             "controller listening"
         );
         let shared = Arc::new(Shared {
-            max_queued: cfg.limits.max_queued_frames,
+            reply_budget: cfg.limits.reply_budget_bytes,
+            max_queued: cfg.limits.max_queued_bytes,
             write_timeout: cfg.frame_timeout,
             core: Mutex::new(Core::new(cfg, Instant::now())),
-            outboxes: Mutex::new(HashMap::new()),
+            exec: Mutex::new(()),
+            conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             stop: AtomicBool::new(false),
         });
@@ -269,7 +384,7 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
     }
 }
 
-/// Set up a connection: its outbox and writer, the core's verdict, its reader.
+/// Set up a connection: the core's verdict, then its writer and reader.
 fn serve(shared: &Arc<Shared>, stream: TcpStream) -> io::Result<()> {
     let peer = stream.peer_addr()?;
     let conn = shared.next_conn.fetch_add(1, Ordering::SeqCst);
@@ -281,56 +396,170 @@ fn serve(shared: &Arc<Shared>, stream: TcpStream) -> io::Result<()> {
         .with_interval(Duration::from_secs(5))
         .with_retries(3);
     let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&ka);
-    stream.set_write_timeout(Some(shared.write_timeout))?;
-    let (tx, rx) = mpsc::sync_channel(shared.max_queued);
-    let writer = stream.try_clone()?;
-    lock(&shared.outboxes).insert(conn, Outbox { queue: tx, socket: stream.try_clone()? });
-    thread::Builder::new()
-        .name(format!("ctrl-write-{conn}"))
-        .spawn(move || write_loop(writer, &rx))?;
+    let io = Arc::new(ConnIo { queue: Mutex::new(Queue::default()), changed: Condvar::new() });
+    lock(&shared.conns).insert(conn, io.clone());
     shared.with_core(|core, now| core.open(conn, peer, now));
-    if !lock(&shared.outboxes).contains_key(&conn) {
-        return Ok(()); // refused; the writer sends the reason and closes
+    if !lock(&shared.conns).contains_key(&conn) {
+        // Refused: the reason goes out if the socket takes it now, no thread waits.
+        let frames = std::mem::take(&mut lock(&io.queue).frames);
+        for f in frames {
+            if send_now(&stream, &f).ok() != Some(f.len()) {
+                break;
+            }
+        }
+        let _ = stream.shutdown(Shutdown::Both);
+        return Ok(());
     }
     let s = shared.clone();
     let spawned = thread::Builder::new()
-        .name(format!("ctrl-read-{conn}"))
-        .spawn(move || read_loop(&s, conn, stream));
+        .name(format!("ctrl-conn-{conn}"))
+        .spawn(move || connection(&s, conn, stream, io));
     if let Err(e) = spawned {
-        shared.with_core(|core, now| core.closed(conn, now));
-        lock(&shared.outboxes).remove(&conn);
+        shared.with_core(|core, now| {
+            core.closed(conn, now);
+            core.released(conn);
+        });
+        lock(&shared.conns).remove(&conn);
         return Err(e);
     }
     Ok(())
 }
 
-fn read_loop(shared: &Shared, conn: ConnId, mut stream: TcpStream) {
-    let mut buf = vec![0u8; 64 * 1024];
+/// A connection's life: its writer runs beside this thread, which reads; when either
+/// ends, the socket is shut down, the other ends too, and the core is told.
+fn connection(shared: &Shared, conn: ConnId, stream: TcpStream, io: Arc<ConnIo>) {
+    let writer = {
+        let (io, stream) = (io.clone(), stream.try_clone());
+        let write_timeout = shared.write_timeout;
+        thread::Builder::new().name(format!("ctrl-write-{conn}")).spawn(move || {
+            if let Ok(stream) = stream {
+                write_loop(&io, stream, write_timeout);
+            }
+        })
+    };
+    match writer {
+        Ok(w) => {
+            read_loop(shared, conn, stream, &io);
+            // The writer sends what is queued (within CLOSE_GRACE) and shuts down.
+            io.close();
+            let _ = w.join();
+        }
+        Err(e) => warn!(conn, error = %e, "cannot start a writer thread"),
+    }
+    lock(&shared.conns).remove(&conn);
+    drop(io);
+    shared.with_core(|core, now| {
+        core.closed(conn, now);
+        core.released(conn);
+    });
+}
+
+fn read_loop(shared: &Shared, conn: ConnId, mut stream: TcpStream, io: &ConnIo) {
+    let mut buf = vec![0u8; READ_CHUNK];
     loop {
         match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => shared.with_core(|core, now| core.receive(conn, &buf[..n], now)),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(0) => return,
+            Ok(n) => shared.with_core(|core, now| core.buffer(conn, &buf[..n], now)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 debug!(conn, error = %e, "read failed");
+                return;
+            }
+        }
+        // One frame at a time, each only once the replies queued so far fit the budget.
+        loop {
+            {
+                let mut q = lock(&io.queue);
+                while q.bytes > shared.reply_budget && !q.closing {
+                    q = io.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+                if q.closing {
+                    return;
+                }
+            }
+            if !shared.with_core(|core, now| core.next_frame(conn, now)) {
                 break;
             }
         }
     }
-    shared.with_core(|core, now| core.closed(conn, now));
-    lock(&shared.outboxes).remove(&conn);
 }
 
-fn write_loop(mut stream: TcpStream, queue: &Receiver<Envelope>) {
-    // Ends when the core closes the connection (its outbox is dropped) or a write
-    // fails (a peer that stops reading hits the write timeout).
-    for env in queue {
-        if let Err(e) = write_frame(&mut stream, &env) {
+fn write_loop(io: &ConnIo, stream: TcpStream, write_timeout: Duration) {
+    // Ends when the connection closes (what is queued then has CLOSE_GRACE to go
+    // out) or a write fails (a peer that reads nothing for the write timeout).
+    loop {
+        let frame = {
+            let mut q = lock(&io.queue);
+            while q.frames.is_empty() && !q.closing {
+                q = io.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            match q.frames.pop_front() {
+                Some(f) => f,
+                None => break, // closing, all sent
+            }
+        };
+        let res = write_frame_bytes(io, &stream, &frame, write_timeout);
+        let mut q = lock(&io.queue);
+        q.bytes -= frame.len();
+        io.changed.notify_all();
+        if let Err(e) = res {
             debug!(error = %e, "write failed");
+            q.closing = true;
+            q.frames.clear();
+            q.bytes = 0;
             break;
         }
     }
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Write one frame without ever blocking in the kernel, so the writer notices a
+/// close: fails once no byte went out for `timeout`, or for [`CLOSE_GRACE`] after the
+/// connection started closing.
+fn write_frame_bytes(
+    io: &ConnIo,
+    stream: &TcpStream,
+    mut frame: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    use std::os::fd::AsFd as _;
+    let mut progress = Instant::now();
+    let mut closing_since: Option<Instant> = None;
+    while !frame.is_empty() {
+        match send_now(stream, frame) {
+            Ok(n) => {
+                frame = &frame[n..];
+                progress = Instant::now();
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        let now = Instant::now();
+        if io.closing() {
+            let since = *closing_since.get_or_insert(now);
+            if now >= since + CLOSE_GRACE {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "closing"));
+            }
+        }
+        if now >= progress + timeout {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "peer does not read"));
+        }
+        let mut fds = [nix::poll::PollFd::new(stream.as_fd(), nix::poll::PollFlags::POLLOUT)];
+        let wait =
+            nix::poll::PollTimeout::try_from(WRITE_POLL).unwrap_or(nix::poll::PollTimeout::ZERO);
+        let _ = nix::poll::poll(&mut fds, wait);
+    }
+    Ok(())
+}
+
+/// `send` that never waits (the socket stays blocking for the reader).
+fn send_now(stream: &TcpStream, buf: &[u8]) -> io::Result<usize> {
+    use nix::sys::socket::{send, MsgFlags};
+    use std::os::fd::AsRawFd as _;
+    send(stream.as_raw_fd(), buf, MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL)
+        .map_err(io::Error::from)
 }
 
 fn timer_loop(shared: &Shared) {

@@ -4,11 +4,17 @@
 //! (`ack` or `error`), the switch's disconnection or the deadline resolves it, and the
 //! entry is removed in every case. An operation (install or remove a communicator's
 //! rules) finishes when its last push is resolved, and only then answers the host.
+//!
+//! A switch that registers gets every live communicator re-pushed, at most
+//! `Limits::repush_window` unanswered at a time: the next goes out as one is answered,
+//! so thousands of communicators neither pile up in its send queue nor crowd out
+//! the pushes of new communicators.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use inc_ctrl_proto::Message;
+use inc_ctrl_proto::codec::quote;
+use inc_ctrl_proto::{Message, REJECT_REASON_MAX};
 use tracing::{debug, info, warn};
 
 use super::core::{ConnId, Core};
@@ -20,6 +26,17 @@ pub(super) struct Pending {
     pub(super) switch_id: u32,
     pub(super) op: Option<u64>,
     pub(super) deadline: Instant,
+    /// Part of the re-push after the switch registered.
+    pub(super) repush: bool,
+}
+
+/// The re-push of a switch that registered.
+#[derive(Debug, Default)]
+pub(super) struct Repush {
+    /// Communicators still to push, in id order.
+    pub(super) backlog: BTreeSet<u32>,
+    /// Re-pushes sent and not answered yet.
+    pub(super) outstanding: usize,
 }
 
 #[derive(Debug)]
@@ -56,24 +73,72 @@ impl Core {
 
     /// Send a push to a registered switch; the answer resolves `op` (if any).
     pub(super) fn push(&mut self, switch_id: u32, msg: Message, op: Option<u64>) {
+        self.push_inner(switch_id, msg, op, false);
+    }
+
+    fn push_inner(&mut self, switch_id: u32, msg: Message, op: Option<u64>, repush: bool) {
         let Some(&conn) = self.switches.get(&switch_id) else { return };
         let id = self.next_push;
         self.next_push += 1;
         let deadline = self.now + self.cfg.ack_timeout;
-        self.pending.insert(id, Pending { conn, switch_id, op, deadline });
+        self.pending.insert(id, Pending { conn, switch_id, op, deadline, repush });
         if let Some(o) = op.and_then(|o| self.ops.get_mut(&o)) {
             o.waiting += 1;
         }
         self.send(conn, id, msg);
     }
 
+    /// Start re-pushing a switch's communicators (it just registered).
+    pub(super) fn start_repush(&mut self, switch_id: u32, backlog: BTreeSet<u32>) {
+        self.repush.insert(switch_id, Repush { backlog, outstanding: 0 });
+        self.repush_more(switch_id);
+    }
+
+    /// Re-push while fewer than the window are unanswered.
+    fn repush_more(&mut self, switch_id: u32) {
+        let window = self.cfg.limits.repush_window;
+        loop {
+            let Some(r) = self.repush.get_mut(&switch_id) else { return };
+            if r.outstanding >= window {
+                return;
+            }
+            let Some(comm_id) = r.backlog.pop_first() else {
+                if r.outstanding == 0 {
+                    self.repush.remove(&switch_id);
+                    info!(switch = %self.switch_label(switch_id), "re-push complete");
+                }
+                return;
+            };
+            r.outstanding += 1;
+            let rules = self
+                .comms
+                .get(&comm_id)
+                .and_then(|c| c.compiled.rules.iter().find(|r| r.switch_id == switch_id))
+                .cloned();
+            match rules {
+                Some(r) => self.push_inner(switch_id, Message::InstallCommunicator(r), None, true),
+                // Removed meanwhile (removal skips the backlog).
+                None => self.repush.get_mut(&switch_id).expect("present").outstanding -= 1,
+            }
+        }
+    }
+
+    /// Take a communicator out of a switch's re-push backlog; false if it was not
+    /// waiting there (the switch has it, or is being sent it).
+    pub(super) fn unqueue_repush(&mut self, switch_id: u32, comm_id: u32) -> bool {
+        self.repush.get_mut(&switch_id).is_some_and(|r| r.backlog.remove(&comm_id))
+    }
+
     /// A switch answered push `id`. Answers to pushes sent to another connection are
-    /// ignored: a switch can only acknowledge its own rules.
+    /// ignored: a switch can only acknowledge its own rules. Its reason is cut where
+    /// it enters: it travels on into a host's reply and the log.
     pub(super) fn push_answered(&mut self, conn: ConnId, id: u64, result: Result<(), String>) {
         match self.pending.get(&id) {
             Some(p) if p.conn == conn => {
                 let p = self.pending.remove(&id).expect("present");
-                self.resolve(p, result.map_err(|reason| format!("rejected: {reason}")));
+                let result = result
+                    .map_err(|reason| format!("rejected: {}", quote(&reason, REJECT_REASON_MAX)));
+                self.resolve(p, result);
             }
             _ => debug!(conn, id, "answer to no pending push of this connection"),
         }
@@ -104,9 +169,18 @@ impl Core {
 
     fn resolve(&mut self, p: Pending, result: Result<(), String>) {
         let label = self.switch_label(p.switch_id);
+        if p.repush {
+            if let Some(r) = self.repush.get_mut(&p.switch_id) {
+                r.outstanding -= 1;
+            }
+            self.repush_more(p.switch_id);
+        }
         let Some(op_id) = p.op else {
             if let Err(e) = result {
-                warn!(switch = %label, error = %e, "push not confirmed");
+                let ip = self.conns.get(&p.conn).map(|c| c.peer.ip());
+                if ip.is_none_or(|ip| self.may_log(ip)) {
+                    warn!(switch = %label, error = %e, "push not confirmed");
+                }
             }
             return;
         };

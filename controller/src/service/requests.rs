@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
+use inc_ctrl_proto::codec::{quote, MAX_QUOTED};
 use inc_ctrl_proto::{Envelope, Message, PortInfo, RankEndpoint};
 use tracing::{debug, info, warn};
 
@@ -20,7 +21,11 @@ impl Core {
             Message::Error { reason } => self.push_answered(conn, env.id, Err(reason)),
             Message::Ping => self.send(conn, env.id, Message::Ack),
             other => {
-                warn!(switch_id, kind = other.kind(), "unexpected message from switch");
+                if let Some(ip) = self.conns.get(&conn).map(|c| c.peer.ip()) {
+                    if self.may_log(ip) {
+                        warn!(switch_id, kind = other.kind(), "unexpected message from switch");
+                    }
+                }
                 let reason = format!("`{}` is not valid on a switch connection", other.kind());
                 self.send(conn, env.id, Message::error(reason));
             }
@@ -112,7 +117,11 @@ impl Core {
             }
         };
         match &reply {
-            Message::Error { reason } => warn!(%peer, id, kind, %reason, "request refused"),
+            Message::Error { reason } => {
+                if self.may_log(peer.ip()) {
+                    warn!(%peer, id, kind, %reason, "request refused");
+                }
+            }
             _ => debug!(%peer, id, kind, "request served"),
         }
         self.send(conn, id, reply);
@@ -146,7 +155,9 @@ impl Core {
         let peer = self.conns[&conn].peer;
         let topo = &self.cfg.topology;
         let refuse = |core: &mut Core, reason: String| {
-            warn!(%peer, switch_id, %reason, "switch registration refused");
+            if core.may_log(peer.ip()) {
+                warn!(%peer, switch_id, %reason, "switch registration refused");
+            }
             core.send(conn, id, Message::error(reason));
         };
         let Some(si) = topo.switch_by_id(switch_id) else {
@@ -159,7 +170,8 @@ impl Core {
             let Some(tp) = sw.ports.iter().find(|tp| tp.name == p.name) else {
                 let reason = format!(
                     "switch {} (id {switch_id}) has no port `{}` in the topology",
-                    sw.name, p.name
+                    sw.name,
+                    quote(&p.name, MAX_QUOTED)
                 );
                 return refuse(self, reason);
             };
@@ -193,16 +205,15 @@ impl Core {
         info!(switch = %name, switch_id, %peer, "switch registered");
         self.send(conn, id, Message::Ack);
         // Re-push live rules: a switch drops what it had when it registers.
-        let rules: Vec<_> = self
+        let backlog: BTreeSet<u32> = self
             .comms
-            .values()
-            .filter_map(|c| c.compiled.rules.iter().find(|r| r.switch_id == switch_id).cloned())
+            .iter()
+            .filter(|(_, c)| c.compiled.rules.iter().any(|r| r.switch_id == switch_id))
+            .map(|(id, _)| *id)
             .collect();
-        if !rules.is_empty() {
-            info!(switch = %name, communicators = rules.len(), "re-pushing rules");
-        }
-        for r in rules {
-            self.push(switch_id, Message::InstallCommunicator(r), None);
+        if !backlog.is_empty() {
+            info!(switch = %name, communicators = backlog.len(), "re-pushing rules");
+            self.start_repush(switch_id, backlog);
         }
     }
 
@@ -378,7 +389,10 @@ impl Core {
             g.comms.remove(&comm_id);
         }
         for r in &c.compiled.rules {
-            self.push(r.switch_id, Message::RemoveCommunicator { comm_id }, Some(op));
+            // A switch still waiting for the re-push of it never had it.
+            if !self.unqueue_repush(r.switch_id, comm_id) {
+                self.push(r.switch_id, Message::RemoveCommunicator { comm_id }, Some(op));
+            }
         }
     }
 
