@@ -138,11 +138,23 @@ struct CommAlloc {
     parts: Vec<Holding>,
 }
 
+/// One allocation of the compilation in progress.
+#[derive(Debug, Clone)]
+enum Taken {
+    /// A QPN, and the switch's probe position before it.
+    Qpn { switch_id: u32, qpn: u32, next: u32 },
+    /// Slots and slot memory.
+    Slots { switch_id: u32, slots: u64, memory: u64 },
+}
+
 /// Switch resources held by live communicators.
 #[derive(Debug, Default, Clone)]
 pub struct Allocator {
     switches: HashMap<u32, SwitchAlloc>,
     comms: HashMap<u32, CommAlloc>,
+    /// What the compilation in progress took, given back if it fails (cheaper than
+    /// compiling against a copy: that costs every live communicator per compilation).
+    journal: Vec<Taken>,
 }
 
 impl Allocator {
@@ -153,6 +165,7 @@ impl Allocator {
 
     fn alloc_qpn(&mut self, switch_id: u32, name: &str) -> Result<u32, CompileError> {
         let sa = self.switches.entry(switch_id).or_default();
+        let before = sa.next;
         if sa.next < 2 {
             sa.next = FIRST_QPN;
         }
@@ -161,6 +174,7 @@ impl Allocator {
             let q = sa.next;
             sa.next = if q >= MAX_24BIT { 2 } else { q + 1 };
             if sa.used.insert(q) {
+                self.journal.push(Taken::Qpn { switch_id, qpn: q, next: before });
                 return Ok(q);
             }
         }
@@ -209,7 +223,26 @@ impl Allocator {
         }
         sa.slots += slots;
         sa.slot_memory += memory;
+        self.journal.push(Taken::Slots { switch_id: sw.id, slots, memory });
         Ok((slots, memory))
+    }
+
+    /// Give back what the failed compilation took, newest first.
+    fn undo(&mut self) {
+        while let Some(t) = self.journal.pop() {
+            match t {
+                Taken::Qpn { switch_id, qpn, next } => {
+                    let sa = self.switches.get_mut(&switch_id).expect("allocated");
+                    sa.used.remove(&qpn);
+                    sa.next = next;
+                }
+                Taken::Slots { switch_id, slots, memory } => {
+                    let sa = self.switches.get_mut(&switch_id).expect("allocated");
+                    sa.slots -= slots;
+                    sa.slot_memory -= memory;
+                }
+            }
+        }
     }
 
     /// Release every resource of a communicator (no-op if unknown).
@@ -263,11 +296,14 @@ pub fn compile(
     if alloc.has_comm(spec.comm_id) {
         return Err(CompileError::DuplicateComm(spec.comm_id));
     }
-    let mut scratch = alloc.clone();
-    let out = compile_inner(topo, spec, &mut scratch, seed)?;
-    // Only commit allocations when the whole communicator compiled.
-    *alloc = scratch;
-    Ok(out)
+    // Allocations stand only when the whole communicator compiled.
+    alloc.journal.clear();
+    let out = compile_inner(topo, spec, alloc, seed);
+    match out {
+        Ok(_) => alloc.journal.clear(),
+        Err(_) => alloc.undo(),
+    }
+    out
 }
 
 fn compile_inner(
