@@ -228,6 +228,15 @@ impl FrameBuffer {
             self.buf.drain(..self.start);
             self.start = 0;
         }
+        // Room for the whole frame in one step once its length is known: growing by
+        // doubling would hold up to twice a large frame.
+        if let Some(len) = self.buf.get(self.start..self.start + 4) {
+            let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+            let end = self.start + 4 + len;
+            if len <= self.max && end > self.buf.len() + data.len() {
+                self.buf.reserve_exact(end - self.buf.len());
+            }
+        }
         self.buf.extend_from_slice(data);
     }
 
