@@ -100,7 +100,7 @@ def _rank_main(fabric, rank, world, master, body, args, env, results):
 @pytest.fixture(scope="session")
 def fabric():
     exe = os.environ.get("INCCL_TEST_FABRIC") or str(
-        ROOT / "target" / "release" / "inccl-test-fabric"
+        ROOT / "target" / "python-fabric" / "release" / "inccl-test-fabric"
     )
     if not Path(exe).exists():
         pytest.fail(f"{exe} not found: run scripts/python-test (it builds it)")
