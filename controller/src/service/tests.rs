@@ -200,10 +200,11 @@ fn authentication_and_framing_deadlines() {
         closed && matches!(&r[0].body, Message::Error { reason } if reason.contains("exceeds"))
     );
 
-    // Connections per address are bounded.
+    // Connections per address are bounded, authenticated or not.
     let limit = core.config().limits.max_connections_per_address;
     for c in 0..limit as u64 {
         core.open(100 + c, peer(9), t0);
+        core.receive(100 + c, &frame(1, Message::Hello { token: Some(HOST.into()) }), t0);
     }
     core.take_outputs();
     core.open(999, peer(9), t0);
