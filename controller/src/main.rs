@@ -335,10 +335,19 @@ fn generate(shape: GenShape) -> Result<()> {
 /// this).
 fn return_large_buffers() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator tuning; called before the service starts
-    // its threads.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    {
+        use std::ffi::c_int;
+        // glibc's <malloc.h>; declared here rather than through the libc crate, which
+        // the controller does not otherwise need.
+        extern "C" {
+            fn mallopt(param: c_int, value: c_int) -> c_int;
+        }
+        const M_MMAP_THRESHOLD: c_int = -3;
+        // SAFETY: mallopt only changes allocator tuning; called before the service
+        // starts its threads.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 128 << 10);
+        }
     }
 }
 
