@@ -122,5 +122,19 @@ if [ "$ROLE" = host ] && [ "${INCCL_TRANSPORT:-udp}" = verbs ]; then
     log "Soft-RoCE: $(rdma link show | grep "netdev $dev\b")"
 fi
 
+# The controller trusts only a token file of its own user (inc-controller README). The
+# secret is a bind mount owned by whoever exported the deployment: hand the controller a
+# copy this container's user owns, and point the command line at it.
+SECRET=/run/secrets/inc-controller-token
+CONTROLLER_TOKEN_COPY=/run/inc-controller.token
+if [ "$ROLE" = controller ] && [ -e "$SECRET" ] && [ ! -O "$SECRET" ]; then
+    (umask 077 && cp "$SECRET" "$CONTROLLER_TOKEN_COPY") || die "cannot copy $SECRET"
+    args=()
+    for a in "$@"; do
+        if [ "$a" = "$SECRET" ]; then args+=("$CONTROLLER_TOKEN_COPY"); else args+=("$a"); fi
+    done
+    set -- "${args[@]}"
+fi
+
 log "$ROLE ready: ${summary[*]:-no interfaces to configure}"
 exec "$@"

@@ -4,6 +4,8 @@
 # credential of the controller's own token file (mounted at /run/secrets).
 set -uo pipefail
 TOKEN_FILE=/run/secrets/inc-controller-token
+# inc-entrypoint's own copy, when the mounted secret belongs to another user.
+[ -e /run/inc-controller.token ] && TOKEN_FILE=/run/inc-controller.token
 if [ -z "${INC_CONTROLLER_TOKEN:-}" ] && [ -e "$TOKEN_FILE" ]; then
     INC_CONTROLLER_TOKEN="$(inc-controller token --token-file "$TOKEN_FILE" --role host)" || exit 1
     export INC_CONTROLLER_TOKEN
