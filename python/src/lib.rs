@@ -57,8 +57,8 @@ impl InPlace {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic inside INCCL under the lock is reported by `run`; the value stays usable
-    // or is marked failed by INCCL itself.
+    // A panic inside INCCL reaches Python as pyo3's PanicException; the communicator
+    // behind the poisoned lock is as INCCL left it (marked failed if its data path broke).
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -313,19 +313,15 @@ struct PyComm {
     size: u16,
 }
 
-impl PyComm {
-    /// The `send` argument's buffer, or None for `inccl.IN_PLACE`.
-    fn send_buffer(
-        &self,
-        send: &Bound<'_, PyAny>,
-        dtype: Option<DataType>,
-    ) -> PyResult<Option<Buffer>> {
-        if send.is_instance_of::<InPlace>() {
-            return Ok(None);
-        }
-        Buffer::get(send, "send", false, dtype).map(Some)
+/// The `send` argument's buffer, or None for `inccl.IN_PLACE`.
+fn send_buffer(send: &Bound<'_, PyAny>, dtype: Option<DataType>) -> PyResult<Option<Buffer>> {
+    if send.is_instance_of::<InPlace>() {
+        return Ok(None);
     }
+    Buffer::get(send, "send", false, dtype).map(Some)
+}
 
+impl PyComm {
     /// Run `f` on the communicator with the GIL released; a signal that arrived
     /// meanwhile (Ctrl-C) is raised first, with INCCL's error (if any) as its cause.
     fn run<F>(&self, py: Python<'_>, f: F) -> PyResult<()>
@@ -384,7 +380,7 @@ impl PyComm {
         dtype: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (op, dtype) = (parse_op(op)?, parse_dtype(dtype)?);
-        let Some(s) = self.send_buffer(send, dtype)? else {
+        let Some(s) = send_buffer(send, dtype)? else {
             let mut r = Buffer::get(recv, "recv", true, dtype)?;
             let dt = r.dtype();
             check_op(op, dt)?;
@@ -420,7 +416,7 @@ impl PyComm {
         let root = rank_arg(root, "root", self.size)?;
         let is_root = self.rank == root;
         let recv = recv.filter(|r| !r.is_none());
-        let Some(s) = self.send_buffer(send, dtype)? else {
+        let Some(s) = send_buffer(send, dtype)? else {
             let recv = recv.ok_or_else(|| {
                 PyTypeError::new_err("recv: required with send=inccl.IN_PLACE (it is the data)")
             })?;
