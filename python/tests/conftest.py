@@ -108,7 +108,9 @@ def fabric():
         if os.environ.get("CI") == "true":
             pytest.fail("the fabric needs root (a private network namespace)")
         pytest.skip("the fabric needs root (a private network namespace)")
-    proc = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    topology = str(ROOT / "topologies" / "1-2-4.yaml")
+    proc = subprocess.Popen([exe, topology], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     line = proc.stdout.readline()
     if not line:
         proc.wait(timeout=10)
