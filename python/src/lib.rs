@@ -289,11 +289,7 @@ impl PyGroup {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let r = self.destroy(py);
-        if exc_type.is_none_or(|t| t.is_none()) {
-            r?;
-        }
-        Ok(false)
+        exit_with(self.destroy(py), exc_type)
     }
 
     fn __repr__(&self) -> String {
@@ -493,17 +489,22 @@ impl PyComm {
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
-        let r = self.destroy(py);
-        if exc_type.is_none_or(|t| t.is_none()) {
-            r?;
-        }
-        Ok(false)
+        exit_with(self.destroy(py), exc_type)
     }
 
     fn __repr__(&self) -> String {
         let state = if lock(&self.inner).is_some() { "" } else { ", destroyed" };
         format!("inccl.Communicator(rank={}, size={}{state})", self.rank, self.size)
     }
+}
+
+/// `__exit__`'s answer after destroying: the destroy's error only if the `with` block
+/// itself did not raise (its exception wins); never swallows the block's exception.
+fn exit_with(destroyed: PyResult<()>, exc_type: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    if exc_type.is_none_or(|t| t.is_none()) {
+        destroyed?;
+    }
+    Ok(false)
 }
 
 /// The native part of the `inccl` package (see `inccl/__init__.py`).
