@@ -17,9 +17,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use inc_ctrl_proto::codec::{encode, FrameDecoder, MAX_REPLY_FRAME};
-use inc_ctrl_proto::{
-    ClientError, ControllerClient, Envelope, Message, PortInfo, Push, RankEndpoint, SwitchSession,
-};
+use inc_ctrl_proto::{ClientError, ControllerClient, Envelope, Message, Push};
+
+mod common;
 
 const T: Duration = Duration::from_secs(5);
 const TOKEN: &str = "host-s3cret-0123456789";
@@ -191,20 +191,6 @@ fn connect_from(src: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
     Ok(s.into())
 }
 
-fn ranks(ips: &[Ipv4Addr]) -> Vec<RankEndpoint> {
-    ips.iter()
-        .enumerate()
-        .map(|(i, ip)| RankEndpoint {
-            rank: i as u16,
-            ip: *ip,
-            mac: None,
-            qpn: 0x40 + i as u32,
-            start_psn: i as u32,
-            udp_port: 4791,
-        })
-        .collect()
-}
-
 /// Ranks on leaf1 only: their communicators involve leaf1 alone.
 fn leaf1_hosts() -> Vec<Ipv4Addr> {
     vec!["10.1.1.21".parse().unwrap(), "10.1.1.5".parse().unwrap()]
@@ -217,23 +203,7 @@ fn run_switch(
     ports: &[&str],
     stop: Arc<AtomicBool>,
 ) -> (Arc<AtomicUsize>, thread::JoinHandle<Result<(), ClientError>>) {
-    let ports: Vec<PortInfo> = ports
-        .iter()
-        .map(|p| PortInfo { name: p.to_string(), ip: None, mac: None, takes_gso: false })
-        .collect();
-    let deadline = Instant::now() + T;
-    let mut s = loop {
-        match SwitchSession::connect(addr, id, Some(SWITCH_TOKEN.into()), ports.clone(), T) {
-            Ok(s) => break s,
-            // The old connection is not seen closed yet (no takeover).
-            Err(ClientError::Rejected(r))
-                if r.contains("already connected") && Instant::now() < deadline =>
-            {
-                thread::sleep(Duration::from_millis(10))
-            }
-            Err(e) => panic!("register switch {id}: {e}"),
-        }
-    };
+    let mut s = common::connect_switch(addr, id, ports, SWITCH_TOKEN, T);
     let installs = Arc::new(AtomicUsize::new(0));
     let n = installs.clone();
     let h = thread::spawn(move || {
@@ -376,7 +346,8 @@ fn legitimate_clients_get_in_during_a_connection_flood() {
         let t0 = Instant::now();
         let mut c = ControllerClient::connect(srv.addr, T).unwrap();
         let g = c.register_group(Some(TOKEN.into()), leaf1_hosts(), T).unwrap();
-        c.create_communicator(g, ranks(&leaf1_hosts()), Some(256), Some(1), T).unwrap();
+        c.create_communicator(g, inc_controller::demo_ranks(&leaf1_hosts()), Some(256), Some(1), T)
+            .unwrap();
         let t_rank0 = t0.elapsed();
         worst = worst.max(t_switch).max(t_rank0);
         sw_stop.store(true, Ordering::SeqCst);
@@ -458,7 +429,14 @@ fn bursts_are_served_by_flow_control() {
                 if made == n {
                     break 'groups;
                 }
-                c.create_communicator(g, ranks(&leaf1_hosts()), Some(256), Some(1), T).unwrap();
+                c.create_communicator(
+                    g,
+                    inc_controller::demo_ranks(&leaf1_hosts()),
+                    Some(256),
+                    Some(1),
+                    T,
+                )
+                .unwrap();
                 made += 1;
             }
         }

@@ -15,6 +15,8 @@ use inc_ctrl_proto::{
     SwitchSession, MAX_FRAME,
 };
 
+mod common;
+
 const T: Duration = Duration::from_secs(5);
 /// Host credential.
 const TOKEN: &str = "host-s3cret-0123456789";
@@ -93,24 +95,7 @@ struct FakeSwitch {
 
 impl FakeSwitch {
     fn start(addr: SocketAddr, id: u32, ports: &[&str], behaviour: Behaviour) -> FakeSwitch {
-        let ports: Vec<PortInfo> = ports
-            .iter()
-            .map(|p| PortInfo { name: p.to_string(), ip: None, mac: None, takes_gso: false })
-            .collect();
-        // A switch that just disconnected stays registered until the controller sees
-        // the close: retry while the old connection is still known (no takeover).
-        let deadline = Instant::now() + T;
-        let mut s = loop {
-            match SwitchSession::connect(addr, id, Some(SWITCH_TOKEN.into()), ports.clone(), T) {
-                Ok(s) => break s,
-                Err(ClientError::Rejected(r))
-                    if r.contains("already connected") && Instant::now() < deadline =>
-                {
-                    thread::sleep(Duration::from_millis(20))
-                }
-                Err(e) => panic!("register switch {id}: {e}"),
-            }
-        };
+        let mut s = common::connect_switch(addr, id, ports, SWITCH_TOKEN, T);
         let stop = Arc::new(AtomicBool::new(false));
         let pushes = Arc::new(Mutex::new(Vec::new()));
         let (st, pu) = (stop.clone(), pushes.clone());
