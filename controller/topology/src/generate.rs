@@ -37,6 +37,8 @@ pub struct TreeSpec {
     pub switch_link_emulation: Vec<Option<String>>,
     /// Link emulation of every host link.
     pub host_link_emulation: Option<String>,
+    /// Hosts get `mac: learn` (switches resolve them by ARP) instead of `auto`.
+    pub learn_host_macs: bool,
 }
 
 impl Default for TreeSpec {
@@ -50,6 +52,7 @@ impl Default for TreeSpec {
             window: 64,
             switch_link_emulation: Vec::new(),
             host_link_emulation: None,
+            learn_host_macs: false,
         }
     }
 }
@@ -249,6 +252,9 @@ pub fn tree_yaml(spec: &TreeSpec) -> Result<String, GenerateError> {
     for (k, n, j) in by_rank {
         let (a, b) = host_net(k);
         let _ = write!(y, "  - {{ name: h{k}, ip: 10.{a}.{b}.10/24, attach: \"{}:h{j}\"", n.name);
+        if spec.learn_host_macs {
+            y.push_str(", mac: learn");
+        }
         if let Some(e) = &spec.host_link_emulation {
             let _ = write!(y, ", emulate: \"{e}\"");
         }
@@ -318,13 +324,14 @@ mod tests {
             fanout: vec![2, 2],
             switch_link_emulation: vec![None, Some("delay=1us".into())],
             host_link_emulation: Some("rate=100gbit".into()),
+            learn_host_macs: true,
             ..TreeSpec::default()
         };
         let y = tree_yaml(&spec).unwrap();
         assert!(y.contains("{ a: \"root:d0\", b: \"s1-0:up\" }"), "{y}");
         assert!(y.contains("{ a: \"s1-1:d1\", b: \"s2-3:up\", emulate: \"delay=1us\" }"), "{y}");
-        assert!(y.contains("attach: \"s2-0:h0\", emulate: \"rate=100gbit\" }"), "{y}");
-        load(&spec);
+        assert!(y.contains("attach: \"s2-0:h0\", mac: learn, emulate: \"rate=100gbit\" }"), "{y}");
+        assert!(load(&spec).hosts.iter().all(|h| h.mac.is_none()));
         let zero = TreeSpec { fanout: vec![2, 0], ..TreeSpec::default() };
         assert_eq!(tree_yaml(&zero), Err(GenerateError::ZeroFanout { level: 2 }));
         let none = TreeSpec { hosts_per_leaf: 0, ..TreeSpec::default() };

@@ -28,66 +28,28 @@ pub fn load_topology(name: &str) -> Result<Topology, String> {
     Topology::load(topology_path(name)).map_err(|e| format!("topology {name}: {e}"))
 }
 
-/// YAML of a generated topology (see [`load_topology`]); `None` for other names.
+/// YAML of a generated topology (see [`load_topology`]), written by `inc-controller gen
+/// tree`'s generator; `None` for other names.
 pub fn generated_topology(name: &str) -> Option<String> {
-    use std::fmt::Write as _;
-    let (base, host_mac) = match name.strip_suffix("-learn") {
-        Some(b) => (b, "learn"),
-        None => (name, "auto"),
+    use inc_controller::topology::generate::{tree_yaml, TreeSpec};
+    let (base, learn_host_macs) = match name.strip_suffix("-learn") {
+        Some(b) => (b, true),
+        None => (name, false),
     };
-    let nums: Vec<usize> =
-        base.split('-').skip(1).map(|n| n.parse().ok()).collect::<Option<_>>()?;
-    let mut y = format!(
-        "name: {name}\ncontroller:\n  address: 10.0.0.1:7000\ndefaults:\n  mtu: 4096\n  window: 64\n"
-    );
-    // Host h of leaf l: port 10.(l+1).h.1/24, host 10.(l+1).h.10/24.
-    let leaf =
-        |y: &mut String, l: usize, id: usize, name: &str, hosts: usize, up: Option<usize>| {
-            let _ = write!(y, "  - id: {id}\n    name: {name}\n    ports:\n");
-            if let Some(j) = up {
-                let _ = writeln!(y, "      - {{ name: up, ip: 172.16.{j}.2/30, mac: auto }}");
-            }
-            for h in 0..hosts {
-                let _ =
-                    writeln!(y, "      - {{ name: h{h}, ip: 10.{}.{h}.1/24, mac: auto }}", l + 1);
-            }
-        };
-    let host_lines = |y: &mut String, l: usize, sw: &str, hosts: usize| {
-        for h in 0..hosts {
-            let _ = writeln!(
-                y,
-                "  - {{ name: l{l}h{h}, ip: 10.{}.{h}.10/24, mac: {host_mac}, attach: \"{sw}:h{h}\" }}",
-                l + 1
-            );
-        }
-    };
-    match (base.split('-').next()?, nums.as_slice()) {
-        ("star", &[n]) if (1..=250).contains(&n) => {
-            y.push_str("root: sw0\nswitches:\n");
-            leaf(&mut y, 0, 0, "sw0", n, None);
-            y.push_str("hosts:\n");
-            host_lines(&mut y, 0, "sw0", n);
-        }
-        ("tree", &[k, m]) if (1..=60).contains(&k) && (1..=250).contains(&m) => {
-            y.push_str("root: root\nswitches:\n  - id: 0\n    name: root\n    ports:\n");
-            for j in 0..k {
-                let _ = writeln!(y, "      - {{ name: d{j}, ip: 172.16.{j}.1/30, mac: auto }}");
-            }
-            for j in 0..k {
-                leaf(&mut y, j, j + 1, &format!("leaf{j}"), m, Some(j));
-            }
-            y.push_str("links:\n");
-            for j in 0..k {
-                let _ = writeln!(y, "  - {{ a: \"root:d{j}\", b: \"leaf{j}:up\" }}");
-            }
-            y.push_str("hosts:\n");
-            for j in 0..k {
-                host_lines(&mut y, j, &format!("leaf{j}"), m);
-            }
-        }
+    let nums: Vec<u32> = base.split('-').skip(1).map(|n| n.parse().ok()).collect::<Option<_>>()?;
+    let (fanout, hosts_per_leaf) = match (base.split('-').next()?, nums.as_slice()) {
+        ("star", &[n]) => (vec![], n),
+        ("tree", &[k, m]) => (vec![k], m),
         _ => return None,
-    }
-    Some(y)
+    };
+    let spec = TreeSpec {
+        name: name.to_string(),
+        fanout,
+        hosts_per_leaf,
+        learn_host_macs,
+        ..TreeSpec::default()
+    };
+    tree_yaml(&spec).ok()
 }
 
 /// A communicator to create: which topology hosts take part, in rank order.
