@@ -72,6 +72,8 @@ struct Active {
     start_pos: u64,
     chunks: u64,
     bytes: u64,
+    /// The part of a blockwise collective this is.
+    blocks: Option<Blocks>,
     start_sent: bool,
     sends_data: bool,
     /// Completion comes from result chunks (else from progress messages).
@@ -82,6 +84,48 @@ struct Active {
     /// The network failed this collective before it started here: send the Start (so
     /// the switch's bookkeeping closes) and fail.
     doomed: Option<HostError>,
+}
+
+/// Where a part of a `ReduceScatter` or `AllGather` stands: part `i` is a collective
+/// rooted at rank `i` over block `i` of the user's buffers.
+#[derive(Debug, Clone, Copy)]
+struct Blocks {
+    /// The caller's collective.
+    whole: CollectiveSpec,
+    /// The running part (= its root rank).
+    part: u16,
+    /// Bytes of one block.
+    block_bytes: u64,
+}
+
+impl Blocks {
+    /// The collective part `self.part` runs.
+    fn part_spec(&self) -> CollectiveSpec {
+        let root = self.part;
+        let kind = match self.whole.kind {
+            CollectiveKind::ReduceScatter => CollectiveKind::Reduce { root },
+            _ => CollectiveKind::Broadcast { root },
+        };
+        CollectiveSpec { kind, ..self.whole }
+    }
+
+    /// Byte offset of the running part's block in the send buffer.
+    fn send_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
+        match (self.whole.kind, bufs) {
+            // AllGather's out-of-place source is the rank's one block.
+            (CollectiveKind::AllGather, OpBuffers::Separate { .. }) => 0,
+            _ => u64::from(self.part) * self.block_bytes,
+        }
+    }
+
+    /// Byte offset of the running part's block in the receive buffer.
+    fn recv_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
+        match (self.whole.kind, bufs) {
+            // ReduceScatter's out-of-place result is the rank's one block.
+            (CollectiveKind::ReduceScatter, OpBuffers::Separate { .. }) => 0,
+            _ => u64::from(self.part) * self.block_bytes,
+        }
+    }
 }
 
 /// The bytes a rank sends from.
@@ -157,12 +201,39 @@ impl HostCollective {
             return Err(HostError::Busy { seq: a.seq });
         }
         self.done = None;
+        let (first, blocks) = if spec.kind.is_blockwise() {
+            let block_bytes = spec
+                .count
+                .checked_mul(spec.dtype.size() as u64)
+                .ok_or_else(|| HostError::InvalidSpec(format!("count {} overflows", spec.count)))?;
+            if block_bytes.checked_mul(u64::from(self.cfg.world_size)).is_none() {
+                return Err(HostError::InvalidSpec(format!(
+                    "{} blocks of {block_bytes} bytes overflow",
+                    self.cfg.world_size
+                )));
+            }
+            let blocks = Blocks { whole: spec, part: 0, block_bytes };
+            (blocks.part_spec(), Some(blocks))
+        } else {
+            (spec, None)
+        };
+        self.begin(first, blocks)?;
+        self.counters.started += 1;
+        Ok(())
+    }
+
+    /// Starts one collective on the wire: a whole collective or one part of a blockwise
+    /// one.
+    fn begin(&mut self, spec: CollectiveSpec, blocks: Option<Blocks>) -> Result<(), HostError> {
         let (primitive, root) = match spec.kind {
             CollectiveKind::AllReduce | CollectiveKind::Barrier => {
                 (Primitive::AllReduce, IncImm::ALL_RANKS)
             }
             CollectiveKind::Reduce { root } => (Primitive::Reduce, root),
             CollectiveKind::Broadcast { root } => (Primitive::Broadcast, root),
+            CollectiveKind::ReduceScatter | CollectiveKind::AllGather => {
+                unreachable!("blockwise collectives begin part by part")
+            }
         };
         if root != IncImm::ALL_RANKS && root >= self.cfg.world_size {
             return Err(HostError::InvalidSpec(format!(
@@ -189,11 +260,10 @@ impl HostCollective {
         let op = CollOp { primitive, operator, datatype: spec.dtype, root };
         let me = self.cfg.rank;
         let (sends_data, gets_data) = match spec.kind {
-            CollectiveKind::AllReduce | CollectiveKind::Barrier => (true, true),
             CollectiveKind::Reduce { root } => (true, root == me),
             CollectiveKind::Broadcast { root } => (root == me, root != me),
+            _ => (true, true),
         };
-        self.counters.started += 1;
         self.active = Some(Active {
             spec: CollectiveSpec { count, ..spec },
             op,
@@ -201,6 +271,7 @@ impl HostCollective {
             start_pos: self.next_pos,
             chunks,
             bytes,
+            blocks,
             start_sent: false,
             sends_data,
             gets_data,
@@ -251,7 +322,8 @@ impl HostCollective {
             let with_data = a.sends_data
                 && a.chunks == 1
                 && coll::HEADER_LEN as u64 + a.bytes <= self.cfg.mtu as u64
-                && send_source(bufs).len() as u64 >= a.bytes;
+                && send_source(bufs).len() as u64
+                    >= a.blocks.map_or(0, |b| b.send_offset(bufs)) + a.bytes;
             let sent = if with_data {
                 let imm = msg.emit_start_with_data(&a.op, out);
                 self.write_chunk(bufs, &mut out[coll::HEADER_LEN..])
@@ -276,8 +348,10 @@ impl HostCollective {
         let (off, len) = coll::chunk_range(a.next_send, a.bytes, self.cfg.mtu);
         if len > 0 {
             let src = send_source(bufs);
+            let base = a.blocks.map_or(0, |b| b.send_offset(bufs));
+            let off = base + off;
             let Some(chunk) = usize::try_from(off).ok().and_then(|o| src.get(o..o + len)) else {
-                let need = a.bytes;
+                let need = base + a.bytes;
                 self.fail(HostError::Buffer { what: "send buffer", need, have: src.len() as u64 });
                 return None;
             };
@@ -350,6 +424,8 @@ impl HostCollective {
             return Delivery::NotReady;
         }
         let (off, len) = coll::chunk_range(a.completed, a.bytes, self.cfg.mtu);
+        let base = a.blocks.map_or(0, |b| b.recv_offset(bufs));
+        let off = base + off;
         if payload.len() != len {
             let e = HostError::Protocol(format!(
                 "chunk {} of collective {} has {} bytes, expected {len}",
@@ -368,7 +444,7 @@ impl HostCollective {
             };
             let have = dst.len() as u64;
             let Some(out) = usize::try_from(off).ok().and_then(|o| dst.get_mut(o..o + len)) else {
-                let need = a.bytes;
+                let need = base + a.bytes;
                 self.fail(HostError::Buffer { what: "receive buffer", need, have });
                 return Delivery::Accepted;
             };
@@ -395,6 +471,17 @@ impl HostCollective {
             // later collectives stay aligned when only the operation disagreed.
             self.seq = a.seq.wrapping_add(1);
             self.next_pos = a.start_pos + a.chunks;
+            if let (Ok(()), Some(blocks)) = (&r, a.blocks) {
+                if blocks.part + 1 < self.cfg.world_size {
+                    let next = Blocks { part: blocks.part + 1, ..blocks };
+                    // Valid: the first part passed the same checks.
+                    if let Err(e) = self.begin(next.part_spec(), Some(next)) {
+                        self.done = Some(Err(e));
+                        self.counters.failed += 1;
+                    }
+                    return;
+                }
+            }
             match &r {
                 Ok(()) => self.counters.completed += 1,
                 Err(e) => {

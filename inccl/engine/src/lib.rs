@@ -123,6 +123,24 @@ pub enum CollectiveKind {
     },
     /// Synchronisation, no data (`op`, `dtype`, `count` ignored).
     Barrier,
+    /// Every rank contributes `world_size` blocks of `count` elements; rank `r` gets the
+    /// reduction of block `r`. Run as `world_size` parts, part `i` a Reduce rooted at
+    /// rank `i` over block `i`, so the switches aggregate every block and deliver it
+    /// only toward its owner.
+    ReduceScatter,
+    /// Every rank contributes one block of `count` elements and gets all `world_size`
+    /// blocks, block `r` from rank `r`. Run as `world_size` parts, part `i` a Broadcast
+    /// rooted at rank `i` over block `i`, so each rank sends its block once and the
+    /// switches replicate it.
+    AllGather,
+}
+
+impl CollectiveKind {
+    /// Whether this collective runs as one rooted part per rank (`ReduceScatter`,
+    /// `AllGather`).
+    pub fn is_blockwise(&self) -> bool {
+        matches!(self, CollectiveKind::ReduceScatter | CollectiveKind::AllGather)
+    }
 }
 
 /// One collective call.
@@ -134,11 +152,19 @@ pub struct CollectiveSpec {
     pub op: Operator,
     /// Element type.
     pub dtype: DataType,
-    /// Elements per rank (u64: vectors beyond 4 GiB).
+    /// Elements per rank (u64: vectors beyond 4 GiB); for `ReduceScatter` and
+    /// `AllGather` the elements of one block (`recvcount`, `sendcount`).
     pub count: u64,
 }
 
 /// User buffers in native byte order; the engine converts to/from network order per packet.
+///
+/// For `ReduceScatter`, `Separate` is `world_size` blocks in and one block out, and
+/// `InPlace` is `world_size` blocks whose own block receives the result. For
+/// `AllGather`, `InPlace` is `world_size` blocks whose own block holds the input, and
+/// `Separate` is one block in and `world_size` blocks out, of which the engine fills
+/// all but the rank's own (the caller copies that one: the network never sends a rank
+/// its own block).
 #[derive(Debug)]
 pub enum OpBuffers<'a> {
     /// Input and output apart.

@@ -405,9 +405,17 @@ impl Net {
         let now = Time::from_nanos(self.now);
         for r in 0..self.ranks.len() {
             let s = spec(r as u16);
+            let world = self.ranks.len();
             let h = self.host(r);
+            let block = s.count as usize * s.dtype.size();
             h.input = input(r as u16);
-            h.output = vec![0xEE; s.count as usize * s.dtype.size()];
+            if s.kind == CollectiveKind::AllGather {
+                // The caller's share of an out-of-place AllGather: its own block.
+                h.output = vec![0xEE; block * world];
+                h.output[r * block..][..block].copy_from_slice(&h.input);
+            } else {
+                h.output = vec![0xEE; block];
+            }
             h.result = None;
             h.spec = Some(s);
             h.engine.start(now, s).unwrap();
