@@ -3,7 +3,9 @@
  * did: inccl_c_test <world_size> <master_addr> <rank> <count> [root]
  *
  * Runs AllReduce (SUM, MAX, MIN), Reduce and Broadcast on INT32 and FLOAT32 with
- * in[i] = i * (rank + 1), a Barrier, and the seed's *_sendrecv names; checks every
+ * in[i] = i * (rank + 1), ReduceScatter and AllGather (in place and not), the
+ * non-blocking calls (eight in flight) and their misuse, a Barrier, and the seed's
+ * *_sendrecv names; checks every
  * result exactly and prints PASS/FAIL per case. Exit 0 if all pass, 1 on a wrong
  * result, 2 if INCCL reported an error (message on stderr).
  */
@@ -156,6 +158,67 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < count && bad == (size_t)-1; i++)
             if (di[i] != ref_i32(i, INCCL_SUM)) bad = i;
         failures += report("sendrecv", "int32", "sum", bad, 0);
+    }
+
+    /* ReduceScatter (count elements per block) out of place, then in place. */
+    {
+        size_t n = count * (size_t)world, bad = (size_t)-1;
+        int32_t *all = malloc(n * 4 + 4), *blk = malloc(count * 4 + 4);
+        for (size_t i = 0; i < n; i++) all[i] = in_i32(i, rank_);
+        CHECK(inccl_reduce_scatter(c, all, blk, count, INCCL_INT32, INCCL_SUM));
+        for (size_t i = 0; i < count && bad == (size_t)-1; i++)
+            if (blk[i] != ref_i32(rank_ * count + i, INCCL_SUM)) bad = i;
+        failures += report("reducescatter", "int32", "sum", bad, 0);
+        bad = (size_t)-1;
+        CHECK(inccl_reduce_scatter(c, all, all + rank_ * count, count, INCCL_INT32, INCCL_MAX));
+        for (size_t i = 0; i < count && bad == (size_t)-1; i++)
+            if (all[rank_ * count + i] != ref_i32(rank_ * count + i, INCCL_MAX)) bad = i;
+        failures += report("reducescatter", "int32", "max", bad, 0);
+
+        /* AllGather out of place, then in place. */
+        bad = (size_t)-1;
+        for (size_t i = 0; i < count; i++) blk[i] = in_i32(i, rank_);
+        memset(all, 0, n * 4);
+        CHECK(inccl_allgather(c, blk, all, count, INCCL_INT32));
+        for (size_t i = 0; i < n && bad == (size_t)-1; i++)
+            if (all[i] != in_i32(i % count, (int)(i / count))) bad = i;
+        failures += report("allgather", "int32", "-", bad, 0);
+        bad = (size_t)-1;
+        memset(all, 0, n * 4);
+        for (size_t i = 0; i < count; i++) all[rank_ * count + i] = in_i32(i, rank_);
+        CHECK(inccl_allgather(c, all + rank_ * count, all, count, INCCL_INT32));
+        for (size_t i = 0; i < n && bad == (size_t)-1; i++)
+            if (all[i] != in_i32(i % count, (int)(i / count))) bad = i;
+        failures += report("allgather", "int32", "in-place", bad, 0);
+
+        /* Eight in flight: one AllReduce per slot of `all`, then a Barrier. */
+        bad = (size_t)-1;
+        struct inccl_request *reqs[9];
+        int32_t *outs = malloc(8 * count * 4 + 4);
+        for (size_t i = 0; i < count; i++) si[i] = in_i32(i, rank_);
+        for (int k = 0; k < 8; k++)
+            CHECK(inccl_iallreduce(c, si, outs + k * count, count, INCCL_INT32, INCCL_SUM, &reqs[k]));
+        CHECK(inccl_ibarrier(c, &reqs[8]));
+        /* Requests pending: destroy is refused and the communicator stays usable. */
+        if (inccl_communicator_destroy(c) != INCCL_EINVAL ||
+            strstr(inccl_last_error(), "not waited for") == NULL) {
+            fprintf(stderr, "rank %d: destroy with requests pending: %s\n", rank_, inccl_last_error());
+            failures++;
+        }
+        int done = 0;
+        while (!done) CHECK(inccl_test(reqs[8], &done));
+        for (int k = 0; k < 9; k++) CHECK(inccl_wait(reqs[k]));
+        for (size_t i = 0; i < 8 * count && bad == (size_t)-1; i++)
+            if (outs[i] != ref_i32(i % count, INCCL_SUM)) bad = i;
+        failures += report("iallreduce8", "int32", "sum", bad, 0);
+        /* Misuse: waiting twice, testing a freed request, NULL pointers. */
+        if (inccl_wait(reqs[0]) != INCCL_EINVAL || inccl_test(reqs[1], &done) != INCCL_EINVAL ||
+            inccl_wait(NULL) != INCCL_EINVAL ||
+            inccl_iallreduce(c, si, di, count, INCCL_INT32, INCCL_SUM, NULL) != INCCL_EINVAL) {
+            fprintf(stderr, "rank %d: request misuse was not refused: %s\n", rank_, inccl_last_error());
+            failures++;
+        }
+        free(all), free(blk), free(outs);
     }
 
     CHECK(inccl_barrier(c));

@@ -14,7 +14,8 @@
  *   - No function aborts the process on a user error.
  *   - Creation and destruction of groups and communicators are collective: every
  *     rank calls them, communicators in the same order on every rank.
- *   - A group or communicator must not be used by two threads at once.
+ *   - A group or communicator must not be used by two threads at once
+ *     (inccl_test and inccl_wait may be called from any thread).
  *   - Buffers are in native byte order; counts are in elements.
  *
  * Environment
@@ -86,6 +87,7 @@ size_t inccl_datatype_size(inccl_datatype_t dtype);
 
 struct inccl_group;
 struct inccl_communicator;
+struct inccl_request;
 
 /* Groups. The controller address comes from INCCL_CONTROLLER. */
 struct inccl_group *inccl_group_create(int world_size, int rank, const char *master_addr);
@@ -97,7 +99,9 @@ int inccl_group_destroy(struct inccl_group *group);
 int inccl_group_rank(const struct inccl_group *group);
 int inccl_group_world_size(const struct inccl_group *group);
 
-/* Communicators. size_bytes is a buffer-sizing hint, not a limit on later calls. */
+/* Communicators. size_bytes is a buffer-sizing hint, not a limit on later calls.
+ * Destroy fails with INCCL_EINVAL (naming how many, the handle stays valid) while
+ * requests of the communicator are not inccl_wait-ed. */
 struct inccl_communicator *inccl_communicator_create(struct inccl_group *group,
                                                      uint32_t size_bytes);
 int inccl_communicator_destroy(struct inccl_communicator *comm);
@@ -111,6 +115,39 @@ int inccl_reduce(struct inccl_communicator *comm, const void *src, void *dst, si
 int inccl_broadcast(struct inccl_communicator *comm, void *buf, size_t count,
                     inccl_datatype_t dtype, int root);
 int inccl_barrier(struct inccl_communicator *comm);
+/* src holds world_size * recvcount elements; rank r receives the reduction of block r.
+ * In place when dst == (char *)src + rank * recvcount * inccl_datatype_size(dtype). */
+int inccl_reduce_scatter(struct inccl_communicator *comm, const void *src, void *dst,
+                         size_t recvcount, inccl_datatype_t dtype, inccl_op_t op);
+/* dst receives world_size * sendcount elements, block r from rank r.
+ * In place when src == (char *)dst + rank * sendcount * inccl_datatype_size(dtype). */
+int inccl_allgather(struct inccl_communicator *comm, const void *src, void *dst,
+                    size_t sendcount, inccl_datatype_t dtype);
+
+/* Non-blocking collectives: the blocking call's arguments, then the request. They run
+ * on the communicator's progress thread in start order (start them in the same order
+ * on every rank) while the caller computes; at most 256 started and not yet waited
+ * for. The buffers belong to the library until the request completes. A blocking
+ * call on the same communicator first waits for every started request. */
+int inccl_iallreduce(struct inccl_communicator *comm, const void *src, void *dst,
+                     size_t count, inccl_datatype_t dtype, inccl_op_t op,
+                     struct inccl_request **req);
+int inccl_ireduce(struct inccl_communicator *comm, const void *src, void *dst, size_t count,
+                  inccl_datatype_t dtype, inccl_op_t op, int root,
+                  struct inccl_request **req);
+int inccl_ibroadcast(struct inccl_communicator *comm, void *buf, size_t count,
+                     inccl_datatype_t dtype, int root, struct inccl_request **req);
+int inccl_ireduce_scatter(struct inccl_communicator *comm, const void *src, void *dst,
+                          size_t recvcount, inccl_datatype_t dtype, inccl_op_t op,
+                          struct inccl_request **req);
+int inccl_iallgather(struct inccl_communicator *comm, const void *src, void *dst,
+                     size_t sendcount, inccl_datatype_t dtype, struct inccl_request **req);
+int inccl_ibarrier(struct inccl_communicator *comm, struct inccl_request **req);
+/* *done = 1 when complete (inccl_wait then returns at once), else 0. Does not free.
+ * A request that was already waited for is INCCL_EINVAL, not a crash. */
+int inccl_test(struct inccl_request *req, int *done);
+/* Waits, frees the request, and returns the collective's outcome. */
+int inccl_wait(struct inccl_request *req);
 
 /* Message of the last failed call on this thread ("" if none). */
 const char *inccl_last_error(void);

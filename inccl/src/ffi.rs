@@ -3,7 +3,8 @@
 //! message in the calling thread's [`inccl_last_error`]. No function aborts the
 //! process on a user error.
 //!
-//! A group or communicator must not be used from two threads at once.
+//! A group or communicator must not be used from two threads at once; `inccl_test` and
+//! `inccl_wait` may be called from any thread.
 #![allow(non_camel_case_types)]
 
 use std::cell::RefCell;
@@ -11,9 +12,14 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use crate::config::{CommConfig, GroupConfig};
 use crate::error::{Error, Result};
+use crate::group::Out;
 use crate::group::{Communicator, Group};
+use crate::request::{Plan, RawBuf, RawBufMut, Shared};
 use crate::types::{DataType, ReduceOp};
 
 /// Opaque group handle.
@@ -167,9 +173,10 @@ unsafe fn buf_mut<'a>(p: *mut c_void, len: usize, what: &str) -> Result<&'a mut 
     Ok(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) })
 }
 
-fn overlap(a: *const c_void, b: *const c_void, len: usize) -> bool {
+/// Whether `a_len` bytes at `a` and `b_len` bytes at `b` share a byte.
+fn overlap(a: *const c_void, a_len: usize, b: *const c_void, b_len: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
-    a != b && a < b.wrapping_add(len) && b < a.wrapping_add(len)
+    a_len > 0 && b_len > 0 && a < b.wrapping_add(b_len) && b < a.wrapping_add(a_len)
 }
 
 /// Handle to a communicator; errors if NULL.
@@ -317,7 +324,8 @@ pub unsafe extern "C" fn inccl_communicator_create(
     )
 }
 
-/// Destroy a communicator (collective). The handle is freed even on error.
+/// Destroy a communicator (collective). Refused (INCCL_EINVAL, the handle stays valid)
+/// while requests are not waited for; otherwise the handle is freed even on error.
 ///
 /// # Safety
 /// `comm` is NULL or a pointer from `inccl_communicator_create` not destroyed before.
@@ -326,12 +334,228 @@ pub unsafe extern "C" fn inccl_communicator_destroy(comm: *mut inccl_communicato
     guard(
         |c| c,
         || {
+            // Safety: NULL or live, per the contract above.
+            let held = unsafe { comm_mut(comm) }?.progress().held();
+            if held > 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{held} requests of this communicator are not waited for yet; \
+                     inccl_wait them before destroying it"
+                )));
+            }
             // Safety: NULL or from `inccl_communicator_create` (`Box::into_raw`) and not
             // destroyed before, per the contract above.
             let c = unsafe { take_handle(comm, "communicator") }?;
             int_code(c.0.destroy())
         },
     )
+}
+
+/// Opaque request handle of a non-blocking collective. Its address is the request's
+/// id, never dereferenced: a stale or made-up handle is an error, not a crash.
+#[derive(Debug)]
+pub struct inccl_request {
+    _opaque: [u8; 0],
+}
+
+/// Live requests of the C API: id -> the progress state of their communicator.
+static REQUESTS: Mutex<Option<HashMap<u64, Arc<Shared>>>> = Mutex::new(None);
+
+fn requests() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Arc<Shared>>>> {
+    REQUESTS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs a planned collective now (blocking call).
+///
+/// Safety: `comm` is NULL or live; `plan` builds a plan from buffers valid for the call.
+unsafe fn blocking(
+    comm: *mut inccl_communicator,
+    plan: impl FnOnce(&Communicator) -> Result<Plan>,
+) -> c_int {
+    guard(
+        |c| c,
+        || {
+            // Safety: NULL or live, per the contract above.
+            let c = unsafe { comm_mut(comm) }?;
+            let plan = plan(c)?;
+            int_code(c.run(plan))
+        },
+    )
+}
+
+/// Starts a planned collective and stores its request in `*req`.
+///
+/// Safety: `comm` is NULL or live; `plan` builds a plan from buffers valid until the
+/// request completes; `req` is NULL or writable.
+unsafe fn start(
+    comm: *mut inccl_communicator,
+    req: *mut *mut inccl_request,
+    plan: impl FnOnce(&Communicator) -> Result<Plan>,
+) -> c_int {
+    guard(
+        |c| c,
+        || {
+            if req.is_null() {
+                return Err(Error::InvalidArgument("request pointer is NULL".into()));
+            }
+            // Safety: NULL or live, per the contract above.
+            let c = unsafe { comm_mut(comm) }?;
+            let plan = plan(c)?;
+            // Safety: the header makes the buffers the library's until the request
+            // completes.
+            let id = unsafe { c.progress().submit(plan) }?;
+            requests().get_or_insert_with(HashMap::new).insert(id, c.progress().shared().clone());
+            // Safety: `req` is writable (checked non-NULL above), per the contract.
+            unsafe { *req = id as usize as *mut inccl_request };
+            Ok(INCCL_OK)
+        },
+    )
+}
+
+/// The request behind a handle, if it is live.
+fn request(req: *mut inccl_request) -> Result<(u64, Arc<Shared>)> {
+    let id = req as usize as u64;
+    if req.is_null() {
+        return Err(Error::InvalidArgument("request is NULL".into()));
+    }
+    let live = requests().as_ref().and_then(|m| m.get(&id).cloned());
+    live.map(|s| (id, s)).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "request {id:#x} is not live (already waited for, or never started)"
+        ))
+    })
+}
+
+/// `src` and `dst` as the buffers of a collective: the same pointer is in place.
+///
+/// Safety: `src` holds `src_len` and `dst` `dst_len` bytes, valid for as long as the
+/// plan built from them runs.
+unsafe fn src_dst(
+    what: &str,
+    src: *const c_void,
+    src_len: usize,
+    dst: *mut c_void,
+    dst_len: usize,
+    in_place: bool,
+) -> Result<Out> {
+    if in_place {
+        // Safety: the in-place buffer holds the larger of the two lengths, per the
+        // contract above.
+        let b = unsafe { buf_mut(dst, src_len.max(dst_len), &format!("{what} buffer")) }?;
+        return Ok(Out::InPlace(RawBufMut::new(b)));
+    }
+    if overlap(src, src_len, dst, dst_len) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} src and dst overlap without being the in-place layout"
+        )));
+    }
+    // Safety: disjoint buffers (checked above) of these lengths, per the contract.
+    let (s, d) = unsafe {
+        (
+            buf_ref(src, src_len, &format!("{what} src"))?,
+            buf_mut(dst, dst_len, &format!("{what} dst"))?,
+        )
+    };
+    Ok(Out::Separate(RawBuf::new(s), RawBufMut::new(d)))
+}
+
+/// Safety: as [`inccl_allreduce`].
+unsafe fn plan_allreduce(
+    c: &Communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op_: c_int,
+) -> Result<Plan> {
+    let (dt, op) = (self::dtype(dtype)?, op(op_)?);
+    let len = byte_len(count, dt, "allreduce")?;
+    // Safety: forwarded contract.
+    let out = unsafe { src_dst("allreduce", src, len, dst, len, std::ptr::eq(src, dst)) }?;
+    c.plan_allreduce(out, dt, op)
+}
+
+/// Safety: as [`inccl_reduce`].
+unsafe fn plan_reduce(
+    c: &Communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op_: c_int,
+    root: c_int,
+) -> Result<Plan> {
+    let (dt, op) = (self::dtype(dtype)?, op(op_)?);
+    let root = arg_u16(root, "root")?;
+    let len = byte_len(count, dt, "reduce")?;
+    if c.rank() != root {
+        // Safety: `src` holds `len` bytes, per the contract.
+        let s = unsafe { buf_ref(src, len, "reduce src") }?;
+        return c.plan_reduce(Out::Separate(RawBuf::new(s), RawBufMut::new(&mut [])), dt, op, root);
+    }
+    // Safety: forwarded contract.
+    let out = unsafe { src_dst("reduce", src, len, dst, len, std::ptr::eq(src, dst)) }?;
+    c.plan_reduce(out, dt, op, root)
+}
+
+/// Safety: as [`inccl_broadcast`].
+unsafe fn plan_broadcast(
+    c: &Communicator,
+    buf: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+) -> Result<Plan> {
+    let dt = self::dtype(dtype)?;
+    let root = arg_u16(root, "root")?;
+    let len = byte_len(count, dt, "broadcast")?;
+    // Safety: `buf` holds `len` bytes, per the contract.
+    let b = unsafe { buf_mut(buf, len, "broadcast buffer") }?;
+    c.plan_broadcast(RawBufMut::new(b), dt, root)
+}
+
+/// Safety: as [`inccl_reduce_scatter`].
+unsafe fn plan_reduce_scatter(
+    c: &Communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    recvcount: usize,
+    dtype: c_int,
+    op_: c_int,
+) -> Result<Plan> {
+    let (dt, op) = (self::dtype(dtype)?, op(op_)?);
+    let block = byte_len(recvcount, dt, "reduce-scatter")?;
+    let whole = byte_len(recvcount, dt, "reduce-scatter")?
+        .checked_mul(usize::from(c.world_size()))
+        .ok_or_else(|| Error::InvalidArgument("reduce-scatter: count too large".into()))?;
+    let in_place = dst as usize == (src as usize).wrapping_add(usize::from(c.rank()) * block);
+    // Safety: forwarded contract; in place, the buffer starts at `src`.
+    let out = unsafe {
+        if in_place {
+            src_dst("reduce-scatter", src, whole, src.cast_mut(), whole, true)
+        } else {
+            src_dst("reduce-scatter", src, whole, dst, block, false)
+        }
+    }?;
+    c.plan_reduce_scatter(out, dt, op)
+}
+
+/// Safety: as [`inccl_allgather`].
+unsafe fn plan_allgather(
+    c: &Communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    sendcount: usize,
+    dtype: c_int,
+) -> Result<Plan> {
+    let dt = self::dtype(dtype)?;
+    let block = byte_len(sendcount, dt, "allgather")?;
+    let whole = block
+        .checked_mul(usize::from(c.world_size()))
+        .ok_or_else(|| Error::InvalidArgument("allgather: count too large".into()))?;
+    let in_place = src as usize == (dst as usize).wrapping_add(usize::from(c.rank()) * block);
+    // Safety: forwarded contract.
+    let out = unsafe { src_dst("allgather", src, block, dst, whole, in_place) }?;
+    c.plan_allgather(out, dt)
 }
 
 /// AllReduce `count` elements of `src` into `dst` (`src == dst` is in place).
@@ -345,32 +569,10 @@ pub unsafe extern "C" fn inccl_allreduce(
     dst: *mut c_void,
     count: usize,
     dtype: c_int,
-    op_: c_int,
+    op: c_int,
 ) -> c_int {
-    guard(
-        |c| c,
-        || {
-            // Safety: NULL or live, per the contract above.
-            let c = unsafe { comm_mut(comm) }?;
-            let (dt, op) = (self::dtype(dtype)?, op(op_)?);
-            let len = byte_len(count, dt, "allreduce")?;
-            if overlap(src, dst, len) {
-                return Err(Error::InvalidArgument(
-                    "allreduce src and dst overlap partially".into(),
-                ));
-            }
-            if std::ptr::eq(src, dst) {
-                // Safety: `dst` holds `len` bytes, per the contract above.
-                let buf = unsafe { buf_mut(dst, len, "allreduce buffer") }?;
-                return int_code(c.allreduce_bytes_in_place(buf, dt, op));
-            }
-            // Safety: disjoint buffers (checked above) of `len` bytes, per the contract.
-            let (s, d) = unsafe {
-                (buf_ref(src, len, "allreduce src")?, buf_mut(dst, len, "allreduce dst")?)
-            };
-            int_code(c.allreduce_bytes(s, d, dt, op))
-        },
-    )
+    // Safety: forwarded contract.
+    unsafe { blocking(comm, |c| plan_allreduce(c, src, dst, count, dtype, op)) }
 }
 
 /// Reduce to `root`; `dst` is used on the root only (may be NULL elsewhere).
@@ -384,37 +586,11 @@ pub unsafe extern "C" fn inccl_reduce(
     dst: *mut c_void,
     count: usize,
     dtype: c_int,
-    op_: c_int,
+    op: c_int,
     root: c_int,
 ) -> c_int {
-    guard(
-        |c| c,
-        || {
-            // Safety: NULL or live, per the contract above.
-            let c = unsafe { comm_mut(comm) }?;
-            let (dt, op) = (self::dtype(dtype)?, op(op_)?);
-            let root = arg_u16(root, "root")?;
-            let len = byte_len(count, dt, "reduce")?;
-            if c.rank() != root {
-                // Safety: `src` holds `len` bytes, per the contract above.
-                let s = unsafe { buf_ref(src, len, "reduce src") }?;
-                return int_code(c.reduce_bytes(s, &mut [], dt, op, root));
-            }
-            if overlap(src, dst, len) {
-                return Err(Error::InvalidArgument("reduce src and dst overlap partially".into()));
-            }
-            if std::ptr::eq(src, dst) {
-                // Safety: `dst` holds `len` bytes, per the contract above.
-                let buf = unsafe { buf_mut(dst, len, "reduce buffer") }?;
-                return int_code(c.reduce_bytes_in_place(buf, dt, op, root));
-            }
-            // Safety: disjoint buffers (checked above) of `len` bytes, per the contract.
-            let (s, d) = unsafe {
-                (buf_ref(src, len, "reduce src")?, buf_mut(dst, len, "reduce dst on the root")?)
-            };
-            int_code(c.reduce_bytes(s, d, dt, op, root))
-        },
-    )
+    // Safety: forwarded contract.
+    unsafe { blocking(comm, |c| plan_reduce(c, src, dst, count, dtype, op, root)) }
 }
 
 /// Broadcast `count` elements of `buf` from `root`.
@@ -429,19 +605,43 @@ pub unsafe extern "C" fn inccl_broadcast(
     dtype: c_int,
     root: c_int,
 ) -> c_int {
-    guard(
-        |c| c,
-        || {
-            // Safety: NULL or live, per the contract above.
-            let c = unsafe { comm_mut(comm) }?;
-            let dt = self::dtype(dtype)?;
-            let root = arg_u16(root, "root")?;
-            let len = byte_len(count, dt, "broadcast")?;
-            // Safety: `buf` holds `len` bytes, per the contract above.
-            let b = unsafe { buf_mut(buf, len, "broadcast buffer") }?;
-            int_code(c.broadcast_bytes(b, dt, root))
-        },
-    )
+    // Safety: forwarded contract.
+    unsafe { blocking(comm, |c| plan_broadcast(c, buf, count, dtype, root)) }
+}
+
+/// ReduceScatter: `src` holds `world_size * recvcount` elements, `dst` receives the
+/// reduction of block `rank`; in place when `dst == src + rank * recvcount` elements.
+///
+/// # Safety
+/// `comm` is NULL or live; the buffers hold the elements said above.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_reduce_scatter(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    recvcount: usize,
+    dtype: c_int,
+    op: c_int,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { blocking(comm, |c| plan_reduce_scatter(c, src, dst, recvcount, dtype, op)) }
+}
+
+/// AllGather: `dst` (`world_size * sendcount` elements) receives block `r` from rank
+/// `r`; in place when `src == dst + rank * sendcount` elements.
+///
+/// # Safety
+/// `comm` is NULL or live; the buffers hold the elements said above.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_allgather(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    sendcount: usize,
+    dtype: c_int,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { blocking(comm, |c| plan_allgather(c, src, dst, sendcount, dtype)) }
 }
 
 /// Barrier.
@@ -450,11 +650,146 @@ pub unsafe extern "C" fn inccl_broadcast(
 /// `comm` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn inccl_barrier(comm: *mut inccl_communicator) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { blocking(comm, |c| Ok(c.plan_barrier())) }
+}
+
+/// Starts [`inccl_allreduce`]; the buffers are the library's until the request completes.
+///
+/// # Safety
+/// As `inccl_allreduce`, buffers valid until the request completes; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_iallreduce(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+    req: *mut *mut inccl_request,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { start(comm, req, |c| plan_allreduce(c, src, dst, count, dtype, op)) }
+}
+
+/// Starts [`inccl_reduce`].
+///
+/// # Safety
+/// As `inccl_reduce`, buffers valid until the request completes; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_ireduce(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+    root: c_int,
+    req: *mut *mut inccl_request,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { start(comm, req, |c| plan_reduce(c, src, dst, count, dtype, op, root)) }
+}
+
+/// Starts [`inccl_broadcast`].
+///
+/// # Safety
+/// As `inccl_broadcast`, buffer valid until the request completes; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_ibroadcast(
+    comm: *mut inccl_communicator,
+    buf: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+    req: *mut *mut inccl_request,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { start(comm, req, |c| plan_broadcast(c, buf, count, dtype, root)) }
+}
+
+/// Starts [`inccl_reduce_scatter`].
+///
+/// # Safety
+/// As `inccl_reduce_scatter`, buffers valid until the request completes; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_ireduce_scatter(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    recvcount: usize,
+    dtype: c_int,
+    op: c_int,
+    req: *mut *mut inccl_request,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { start(comm, req, |c| plan_reduce_scatter(c, src, dst, recvcount, dtype, op)) }
+}
+
+/// Starts [`inccl_allgather`].
+///
+/// # Safety
+/// As `inccl_allgather`, buffers valid until the request completes; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_iallgather(
+    comm: *mut inccl_communicator,
+    src: *const c_void,
+    dst: *mut c_void,
+    sendcount: usize,
+    dtype: c_int,
+    req: *mut *mut inccl_request,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { start(comm, req, |c| plan_allgather(c, src, dst, sendcount, dtype)) }
+}
+
+/// Starts a Barrier.
+///
+/// # Safety
+/// `comm` is NULL or live; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_ibarrier(
+    comm: *mut inccl_communicator,
+    req: *mut *mut inccl_request,
+) -> c_int {
+    // Safety: forwarded contract.
+    unsafe { start(comm, req, |c| Ok(c.plan_barrier())) }
+}
+
+/// `*done = 1` when the request completed (its outcome is then ready for
+/// [`inccl_wait`], which returns at once), else 0. Never frees the request.
+///
+/// # Safety
+/// `done` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn inccl_test(req: *mut inccl_request, done: *mut c_int) -> c_int {
     guard(
         |c| c,
         || {
-            // Safety: NULL or live, per the contract above.
-            int_code(unsafe { comm_mut(comm) }?.barrier())
+            if done.is_null() {
+                return Err(Error::InvalidArgument("done pointer is NULL".into()));
+            }
+            let (id, shared) = request(req)?;
+            let d = shared.test(id)?;
+            // Safety: `done` is writable (checked non-NULL above), per the contract.
+            unsafe { *done = c_int::from(d) };
+            Ok(INCCL_OK)
+        },
+    )
+}
+
+/// Waits for the request, frees it, and returns the collective's outcome.
+#[no_mangle]
+pub extern "C" fn inccl_wait(req: *mut inccl_request) -> c_int {
+    guard(
+        |c| c,
+        || {
+            let (id, shared) = request(req)?;
+            let r = shared.wait(id);
+            if let Some(m) = requests().as_mut() {
+                m.remove(&id);
+            }
+            int_code(r)
         },
     )
 }
@@ -577,9 +912,10 @@ mod tests {
         assert!(byte_len(usize::MAX / 2, DataType::Int32, "x").is_err());
         let a = [0u8; 16];
         let p = a.as_ptr().cast::<c_void>();
-        assert!(overlap(p, p.wrapping_byte_add(4), 16));
-        assert!(!overlap(p, p, 16));
-        assert!(!overlap(p, p.wrapping_byte_add(16), 16));
+        assert!(overlap(p, 16, p.wrapping_byte_add(4), 16));
+        assert!(overlap(p, 16, p, 16));
+        assert!(!overlap(p, 16, p.wrapping_byte_add(16), 16));
+        assert!(!overlap(p, 0, p, 16));
     }
 
     #[test]

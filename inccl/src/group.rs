@@ -4,18 +4,19 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use inc_ctrl_proto::HostEndpoint;
-use inccl_engine::{CollectiveKind, CollectiveSpec, OpBuffers};
-use tracing::{info, warn};
+use inccl_engine::{CollectiveKind, CollectiveSpec};
+use tracing::info;
 
 use crate::bootstrap::{Bootstrap, Phase};
 use crate::config::{CommConfig, GroupConfig};
 use crate::error::{Error, Result};
 use crate::iface::{self, DataPlane};
-use crate::transport::{self, Transport};
+use crate::request::{elements, Core, Plan, Progress, RawBuf, RawBufMut, RawBufs};
+use crate::transport;
 use crate::types::{DataType, Element, ReduceOp};
 
 #[derive(Debug)]
-struct GroupShared {
+pub(crate) struct GroupShared {
     rank: u16,
     world_size: u16,
     group_id: u64,
@@ -26,7 +27,7 @@ struct GroupShared {
 }
 
 impl GroupShared {
-    fn boot(&self) -> MutexGuard<'_, Bootstrap> {
+    pub(crate) fn boot(&self) -> MutexGuard<'_, Bootstrap> {
         // A panic while holding the lock leaves the bootstrap in a consistent state
         // (every step is a complete message exchange), so poisoning is ignored.
         self.boot.lock().unwrap_or_else(|p| p.into_inner())
@@ -112,7 +113,14 @@ impl Group {
             transport = ?cfg.transport,
             "communicator ready"
         );
-        Ok(Communicator { group: sh.clone(), tag, endpoint, transport, failed: None })
+        let core = Core {
+            rank: sh.rank,
+            world_size: sh.world_size,
+            transport,
+            failed: None,
+            group: sh.clone(),
+        };
+        Ok(Communicator { group: sh.clone(), tag, endpoint, progress: Progress::new(core) })
     }
 
     /// Destroy the group (rank 0 removes it and its communicators from the controller).
@@ -122,14 +130,21 @@ impl Group {
 }
 
 /// One communicator: a QP to the leaf switch and the collectives over it.
+///
+/// Blocking calls take `&mut self`; non-blocking ones are started inside
+/// [`Communicator::scope`], which waits for all of them before it returns.
 #[derive(Debug)]
 pub struct Communicator {
     group: Arc<GroupShared>,
     tag: u32,
     endpoint: HostEndpoint,
-    transport: Box<dyn Transport>,
-    /// Set after a data-path failure: the QP state is unknown, so later calls fail fast.
-    failed: Option<String>,
+    progress: Progress,
+}
+
+/// Where a collective's result goes: a separate buffer or the input's own.
+pub(crate) enum Out {
+    Separate(RawBuf, RawBufMut),
+    InPlace(RawBufMut),
 }
 
 impl Communicator {
@@ -185,15 +200,47 @@ impl Communicator {
         self.broadcast_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, root)
     }
 
+    /// ReduceScatter: `src` holds `world_size` blocks of `dst.len()` elements; `dst`
+    /// receives the reduction of block `rank` (MPI's `Reduce_scatter_block`).
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        src: &[T],
+        dst: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.reduce_scatter_bytes(
+            bytemuck::cast_slice(src),
+            bytemuck::cast_slice_mut(dst),
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// In-place ReduceScatter: `buf` holds `world_size` blocks; block `rank` receives
+    /// its reduction, the other blocks are left as they were.
+    pub fn reduce_scatter_in_place<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.reduce_scatter_bytes_in_place(bytemuck::cast_slice_mut(buf), T::DTYPE, op)
+    }
+
+    /// AllGather: `dst` (`world_size` blocks of `src.len()` elements) receives block
+    /// `r` from rank `r`.
+    pub fn allgather<T: Element>(&mut self, src: &[T], dst: &mut [T]) -> Result<()> {
+        self.allgather_bytes(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst), T::DTYPE)
+    }
+
+    /// In-place AllGather: `buf` holds `world_size` blocks, this rank's block filled.
+    pub fn allgather_in_place<T: Element>(&mut self, buf: &mut [T]) -> Result<()> {
+        self.allgather_bytes_in_place(bytemuck::cast_slice_mut(buf), T::DTYPE)
+    }
+
     /// Barrier through the switches.
     pub fn barrier(&mut self) -> Result<()> {
-        let spec = CollectiveSpec {
-            kind: CollectiveKind::Barrier,
-            op: inc_wire::Operator::Barrier,
-            dtype: inc_wire::DataType::Int32,
-            count: 0,
-        };
-        self.run(spec, OpBuffers::None)
+        let plan = self.plan_barrier();
+        self.run(plan)
     }
 
     /// AllReduce on native-endian byte buffers of `dtype` elements.
@@ -204,18 +251,9 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let count = elements(src, dtype, "source")?;
-        if dst.len() != src.len() {
-            return Err(Error::InvalidArgument(format!(
-                "allreduce destination holds {} bytes, source {} bytes",
-                dst.len(),
-                src.len()
-            )));
-        }
-        let spec = self.spec(CollectiveKind::AllReduce, op, dtype, count)?;
-        self.run(spec, OpBuffers::Separate { src, dst: &mut *dst })?;
-        self.finalize(op, dtype, dst);
-        Ok(())
+        let plan =
+            self.plan_allreduce(Out::Separate(RawBuf::new(src), RawBufMut::new(dst)), dtype, op)?;
+        self.run(plan)
     }
 
     /// In-place AllReduce on a native-endian byte buffer.
@@ -225,11 +263,8 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let count = elements(buf, dtype, "buffer")?;
-        let spec = self.spec(CollectiveKind::AllReduce, op, dtype, count)?;
-        self.run(spec, OpBuffers::InPlace(&mut *buf))?;
-        self.finalize(op, dtype, buf);
-        Ok(())
+        let plan = self.plan_allreduce(Out::InPlace(RawBufMut::new(buf)), dtype, op)?;
+        self.run(plan)
     }
 
     /// Reduce on byte buffers; `dst` is used on the root only.
@@ -241,23 +276,13 @@ impl Communicator {
         op: ReduceOp,
         root: u16,
     ) -> Result<()> {
-        self.check_root(root)?;
-        let count = elements(src, dtype, "source")?;
-        let spec = self.spec(CollectiveKind::Reduce { root }, op, dtype, count)?;
-        if self.rank() == root {
-            if dst.len() != src.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "reduce destination on root {root} holds {} bytes, source {} bytes",
-                    dst.len(),
-                    src.len()
-                )));
-            }
-            self.run(spec, OpBuffers::Separate { src, dst: &mut *dst })?;
-            self.finalize(op, dtype, dst);
-            Ok(())
-        } else {
-            self.run(spec, OpBuffers::SendOnly(src))
-        }
+        let plan = self.plan_reduce(
+            Out::Separate(RawBuf::new(src), RawBufMut::new(dst)),
+            dtype,
+            op,
+            root,
+        )?;
+        self.run(plan)
     }
 
     /// In-place Reduce on the root (`buf` is both input and result there).
@@ -268,37 +293,94 @@ impl Communicator {
         op: ReduceOp,
         root: u16,
     ) -> Result<()> {
-        self.check_root(root)?;
-        let count = elements(buf, dtype, "buffer")?;
-        let spec = self.spec(CollectiveKind::Reduce { root }, op, dtype, count)?;
-        if self.rank() == root {
-            self.run(spec, OpBuffers::InPlace(&mut *buf))?;
-            self.finalize(op, dtype, buf);
-            Ok(())
-        } else {
-            self.run(spec, OpBuffers::SendOnly(buf))
-        }
+        let plan = self.plan_reduce(Out::InPlace(RawBufMut::new(buf)), dtype, op, root)?;
+        self.run(plan)
     }
 
     /// Broadcast on a byte buffer.
     pub fn broadcast_bytes(&mut self, buf: &mut [u8], dtype: DataType, root: u16) -> Result<()> {
-        self.check_root(root)?;
-        let count = elements(buf, dtype, "buffer")?;
-        // The operator field of a Broadcast is not used for arithmetic.
-        let spec = self.spec(CollectiveKind::Broadcast { root }, ReduceOp::Sum, dtype, count)?;
-        if self.rank() == root {
-            self.run(spec, OpBuffers::SendOnly(buf))
-        } else {
-            self.run(spec, OpBuffers::RecvOnly(buf))
-        }
+        let plan = self.plan_broadcast(RawBufMut::new(buf), dtype, root)?;
+        self.run(plan)
     }
 
-    /// Destroy the communicator (collective; rank 0 removes its rules from the switches).
+    /// ReduceScatter on byte buffers (`src` = `world_size` blocks of `dst.len()` bytes).
+    pub fn reduce_scatter_bytes(
+        &mut self,
+        src: &[u8],
+        dst: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let plan = self.plan_reduce_scatter(
+            Out::Separate(RawBuf::new(src), RawBufMut::new(dst)),
+            dtype,
+            op,
+        )?;
+        self.run(plan)
+    }
+
+    /// In-place ReduceScatter on a byte buffer of `world_size` blocks.
+    pub fn reduce_scatter_bytes_in_place(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let plan = self.plan_reduce_scatter(Out::InPlace(RawBufMut::new(buf)), dtype, op)?;
+        self.run(plan)
+    }
+
+    /// AllGather on byte buffers (`dst` = `world_size` blocks of `src.len()` bytes).
+    pub fn allgather_bytes(&mut self, src: &[u8], dst: &mut [u8], dtype: DataType) -> Result<()> {
+        let plan =
+            self.plan_allgather(Out::Separate(RawBuf::new(src), RawBufMut::new(dst)), dtype)?;
+        self.run(plan)
+    }
+
+    /// In-place AllGather on a byte buffer of `world_size` blocks.
+    pub fn allgather_bytes_in_place(&mut self, buf: &mut [u8], dtype: DataType) -> Result<()> {
+        let plan = self.plan_allgather(Out::InPlace(RawBufMut::new(buf)), dtype)?;
+        self.run(plan)
+    }
+
+    /// Runs non-blocking collectives: `f` starts them through the [`Scope`] (in the
+    /// same order on every rank) and may compute meanwhile; they complete in start
+    /// order, driven by this communicator's progress thread. Every request has
+    /// completed when `scope` returns, so the buffers lent to them are free again; the
+    /// outcome of a request not waited for is logged if it failed.
+    pub fn scope<'env, R>(&'env mut self, f: impl for<'s> FnOnce(&'s Scope<'s, 'env>) -> R) -> R {
+        let scope = Scope { comm: self, _env: std::marker::PhantomData };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&scope)));
+        // The requests may still use the buffers: wait for them even when `f` panicked.
+        self.progress.finish_all();
+        r.unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
+
+    /// Destroy the communicator (collective; rank 0 removes its rules from the
+    /// switches). Fails, leaving the communicator as it was, while requests started
+    /// through the C API are not all waited for.
     pub fn destroy(self) -> Result<()> {
+        let held = self.progress.held();
+        if held > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "communicator {}: {held} requests are not waited for yet; wait for them \
+                 before destroying it",
+                self.comm_id()
+            )));
+        }
         let mut boot = self.group.boot();
         let barrier = boot.barrier(self.tag, Phase::Destroy);
         let removed = boot.destroy_communicator(self.endpoint.comm_id);
         barrier.and(removed)
+    }
+
+    pub(crate) fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    pub(crate) fn run(&mut self, plan: Plan) -> Result<()> {
+        // Safety: the plan's buffers are borrowed by our caller for this whole call.
+        unsafe { self.progress.run_now(&plan) }
     }
 
     /// The collective, or `InvalidArgument` naming the type and operator when `op`
@@ -311,17 +393,12 @@ impl Communicator {
         dtype: DataType,
         count: u64,
     ) -> Result<CollectiveSpec> {
-        if !matches!(kind, CollectiveKind::Broadcast { .. }) {
+        if !matches!(kind, CollectiveKind::Broadcast { .. } | CollectiveKind::AllGather) {
             if let Some(why) = crate::types::refuse(op, dtype) {
                 return Err(Error::InvalidArgument(why));
             }
         }
         Ok(CollectiveSpec { kind, op, dtype, count })
-    }
-
-    /// AVG's last step on a result this rank received: divide by the world size.
-    fn finalize(&self, op: ReduceOp, dtype: DataType, result: &mut [u8]) {
-        inc_wire::reduce::finalize_native(op, dtype, result, self.world_size());
     }
 
     fn check_root(&self, root: u16) -> Result<()> {
@@ -334,36 +411,268 @@ impl Communicator {
         Ok(())
     }
 
-    fn run(&mut self, spec: CollectiveSpec, bufs: OpBuffers<'_>) -> Result<()> {
-        if let Some(why) = &self.failed {
-            return Err(Error::Unusable("communicator", why.clone()));
-        }
-        match self.transport.run(spec, bufs) {
-            Ok(()) => Ok(()),
-            Err(Error::Collective { rank, comm_id, mut reason }) => {
-                let dead = self.group.boot().dead_peers();
-                if !dead.is_empty() {
-                    reason.push_str(&format!(
-                        "; ranks {dead:?} lost their bootstrap connection (process dead?)"
-                    ));
+    pub(crate) fn plan_barrier(&self) -> Plan {
+        let spec = CollectiveSpec {
+            kind: CollectiveKind::Barrier,
+            op: inc_wire::Operator::Barrier,
+            dtype: inc_wire::DataType::Int32,
+            count: 0,
+        };
+        Plan { spec, bufs: RawBufs::None, finalize: None }
+    }
+
+    pub(crate) fn plan_allreduce(&self, out: Out, dtype: DataType, op: ReduceOp) -> Result<Plan> {
+        let (count, bufs, len) = match out {
+            Out::Separate(src, dst) => {
+                if dst.len() != src.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "allreduce destination holds {} bytes, source {} bytes",
+                        dst.len(),
+                        src.len()
+                    )));
                 }
-                warn!(rank, comm_id, %reason, "collective failed");
-                self.failed = Some(reason.clone());
-                Err(Error::Collective { rank, comm_id, reason })
+                (elements(src.len(), dtype, "source")?, RawBufs::Separate { src, dst }, dst.len())
             }
-            Err(e) => Err(e),
+            Out::InPlace(b) => (elements(b.len(), dtype, "buffer")?, RawBufs::InPlace(b), b.len()),
+        };
+        let spec = self.spec(CollectiveKind::AllReduce, op, dtype, count)?;
+        Ok(Plan { spec, bufs, finalize: Some((op, 0..len)) })
+    }
+
+    pub(crate) fn plan_reduce(
+        &self,
+        out: Out,
+        dtype: DataType,
+        op: ReduceOp,
+        root: u16,
+    ) -> Result<Plan> {
+        self.check_root(root)?;
+        let me = self.rank() == root;
+        let (count, bufs) = match out {
+            Out::Separate(src, dst) => {
+                if me && dst.len() != src.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "reduce destination on root {root} holds {} bytes, source {} bytes",
+                        dst.len(),
+                        src.len()
+                    )));
+                }
+                let bufs = if me { RawBufs::Separate { src, dst } } else { RawBufs::SendOnly(src) };
+                (elements(src.len(), dtype, "source")?, bufs)
+            }
+            Out::InPlace(b) => {
+                let bufs = if me { RawBufs::InPlace(b) } else { RawBufs::SendOnly(b.as_const()) };
+                (elements(b.len(), dtype, "buffer")?, bufs)
+            }
+        };
+        let spec = self.spec(CollectiveKind::Reduce { root }, op, dtype, count)?;
+        let len = count as usize * dtype.size();
+        Ok(Plan { spec, bufs, finalize: me.then_some((op, 0..len)) })
+    }
+
+    pub(crate) fn plan_broadcast(
+        &self,
+        buf: RawBufMut,
+        dtype: DataType,
+        root: u16,
+    ) -> Result<Plan> {
+        self.check_root(root)?;
+        let count = elements(buf.len(), dtype, "buffer")?;
+        // The operator field of a Broadcast is not used for arithmetic.
+        let spec = self.spec(CollectiveKind::Broadcast { root }, ReduceOp::Sum, dtype, count)?;
+        let bufs = if self.rank() == root {
+            RawBufs::SendOnly(buf.as_const())
+        } else {
+            RawBufs::RecvOnly(buf)
+        };
+        Ok(Plan { spec, bufs, finalize: None })
+    }
+
+    /// `whole` bytes as `world_size` blocks: elements per block.
+    fn blocks(&self, whole: usize, dtype: DataType, what: &str) -> Result<u64> {
+        let n = usize::from(self.world_size());
+        if whole % (n * dtype.size()) != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what} holds {whole} bytes, not {n} blocks (the world size) of whole {dtype} elements"
+            )));
         }
+        Ok((whole / n / dtype.size()) as u64)
+    }
+
+    pub(crate) fn plan_reduce_scatter(
+        &self,
+        out: Out,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Plan> {
+        let n = usize::from(self.world_size());
+        let (count, bufs, result) = match out {
+            Out::Separate(src, dst) => {
+                let count = elements(dst.len(), dtype, "reduce-scatter destination")?;
+                if src.len() != n * dst.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "reduce-scatter source holds {} bytes, expected {n} blocks (the world \
+                         size) of the destination's {} bytes",
+                        src.len(),
+                        dst.len()
+                    )));
+                }
+                (count, RawBufs::Separate { src, dst }, 0..dst.len())
+            }
+            Out::InPlace(b) => {
+                let count = self.blocks(b.len(), dtype, "reduce-scatter buffer")?;
+                let block = b.len() / n;
+                let at = usize::from(self.rank()) * block;
+                (count, RawBufs::InPlace(b), at..at + block)
+            }
+        };
+        let spec = self.spec(CollectiveKind::ReduceScatter, op, dtype, count)?;
+        Ok(Plan { spec, bufs, finalize: Some((op, result)) })
+    }
+
+    pub(crate) fn plan_allgather(&self, out: Out, dtype: DataType) -> Result<Plan> {
+        let n = usize::from(self.world_size());
+        let (count, bufs) = match out {
+            Out::Separate(src, dst) => {
+                let count = elements(src.len(), dtype, "allgather source")?;
+                if dst.len() != n * src.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "allgather destination holds {} bytes, expected {n} blocks (the world \
+                         size) of the source's {} bytes",
+                        dst.len(),
+                        src.len()
+                    )));
+                }
+                (count, RawBufs::Separate { src, dst })
+            }
+            Out::InPlace(b) => {
+                (self.blocks(b.len(), dtype, "allgather buffer")?, RawBufs::InPlace(b))
+            }
+        };
+        let spec = self.spec(CollectiveKind::AllGather, ReduceOp::Sum, dtype, count)?;
+        Ok(Plan { spec, bufs, finalize: None })
     }
 }
 
-/// Element count of a native buffer; errors if the length is not a whole number of elements.
-fn elements(buf: &[u8], dtype: DataType, what: &str) -> Result<u64> {
-    if buf.len() % dtype.size() != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{what} length {} bytes is not a multiple of the {dtype} element size {}",
-            buf.len(),
-            dtype.size()
-        )));
+/// Where non-blocking collectives are started (see [`Communicator::scope`]). Buffers
+/// are lent for `'env`: the scope waits for every request before it returns.
+pub struct Scope<'s, 'env: 's> {
+    comm: &'s Communicator,
+    _env: std::marker::PhantomData<&'env mut &'env ()>,
+}
+
+impl std::fmt::Debug for Scope<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope").field("comm_id", &self.comm.comm_id()).finish()
     }
-    Ok((buf.len() / dtype.size()) as u64)
+}
+
+/// A started non-blocking collective.
+#[derive(Debug)]
+#[must_use = "a request's outcome is known only through wait() or test()"]
+pub struct Request<'s> {
+    id: u64,
+    progress: &'s Progress,
+}
+
+impl Request<'_> {
+    /// Whether the collective completed (its outcome is then ready for [`Self::wait`]).
+    pub fn test(&self) -> Result<bool> {
+        self.progress.shared().test(self.id)
+    }
+
+    /// Waits for the collective and returns its outcome.
+    pub fn wait(self) -> Result<()> {
+        self.progress.shared().wait(self.id)
+    }
+}
+
+impl<'s, 'env> Scope<'s, 'env> {
+    fn start(&self, plan: Result<Plan>) -> Result<Request<'s>> {
+        let progress = self.comm.progress();
+        // Safety: the plan's buffers are borrowed for 'env, and `Communicator::scope`
+        // waits for every request before 'env can end.
+        let id = unsafe { progress.submit(plan?) }?;
+        Ok(Request { id, progress })
+    }
+
+    /// Starts an AllReduce of `src` into `dst`.
+    pub fn iallreduce<T: Element>(
+        &self,
+        src: &'env [T],
+        dst: &'env mut [T],
+        op: ReduceOp,
+    ) -> Result<Request<'s>> {
+        let out = Out::Separate(
+            RawBuf::new(bytemuck::cast_slice(src)),
+            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
+        );
+        self.start(self.comm.plan_allreduce(out, T::DTYPE, op))
+    }
+
+    /// Starts an in-place AllReduce.
+    pub fn iallreduce_in_place<T: Element>(
+        &self,
+        buf: &'env mut [T],
+        op: ReduceOp,
+    ) -> Result<Request<'s>> {
+        let out = Out::InPlace(RawBufMut::new(bytemuck::cast_slice_mut(buf)));
+        self.start(self.comm.plan_allreduce(out, T::DTYPE, op))
+    }
+
+    /// Starts a Reduce to `root` (`dst` is used on the root only).
+    pub fn ireduce<T: Element>(
+        &self,
+        src: &'env [T],
+        dst: &'env mut [T],
+        op: ReduceOp,
+        root: u16,
+    ) -> Result<Request<'s>> {
+        let out = Out::Separate(
+            RawBuf::new(bytemuck::cast_slice(src)),
+            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
+        );
+        self.start(self.comm.plan_reduce(out, T::DTYPE, op, root))
+    }
+
+    /// Starts a Broadcast of `buf` from `root`.
+    pub fn ibroadcast<T: Element>(&self, buf: &'env mut [T], root: u16) -> Result<Request<'s>> {
+        self.start(self.comm.plan_broadcast(
+            RawBufMut::new(bytemuck::cast_slice_mut(buf)),
+            T::DTYPE,
+            root,
+        ))
+    }
+
+    /// Starts a ReduceScatter (`src` = `world_size` blocks of `dst.len()` elements).
+    pub fn ireduce_scatter<T: Element>(
+        &self,
+        src: &'env [T],
+        dst: &'env mut [T],
+        op: ReduceOp,
+    ) -> Result<Request<'s>> {
+        let out = Out::Separate(
+            RawBuf::new(bytemuck::cast_slice(src)),
+            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
+        );
+        self.start(self.comm.plan_reduce_scatter(out, T::DTYPE, op))
+    }
+
+    /// Starts an AllGather (`dst` = `world_size` blocks of `src.len()` elements).
+    pub fn iallgather<T: Element>(
+        &self,
+        src: &'env [T],
+        dst: &'env mut [T],
+    ) -> Result<Request<'s>> {
+        let out = Out::Separate(
+            RawBuf::new(bytemuck::cast_slice(src)),
+            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
+        );
+        self.start(self.comm.plan_allgather(out, T::DTYPE))
+    }
+
+    /// Starts a Barrier.
+    pub fn ibarrier(&self) -> Result<Request<'s>> {
+        self.start(Ok(self.comm.plan_barrier()))
+    }
 }

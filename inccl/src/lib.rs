@@ -27,13 +27,15 @@ mod error;
 pub mod ffi;
 mod group;
 pub mod iface;
+mod request;
 mod transport;
 mod types;
 
 pub use config::{CommConfig, GroupConfig, TransportKind};
 pub use error::{Error, Result};
-pub use group::{Communicator, Group};
+pub use group::{Communicator, Group, Request, Scope};
 pub use iface::DataPlane;
+pub use request::MAX_PENDING;
 pub use types::{DataType, Element, ReduceOp};
 
 /// Building blocks exposed for the point-to-point transport benchmark

@@ -203,6 +203,122 @@ fn every_table_type_and_operator() {
     });
 }
 
+/// ReduceScatter for every (type, operator), AllGather for every type, in place and
+/// out of place, then eight non-blocking collectives of every kind in flight at once
+/// on one communicator, completing in start order while the rank computes.
+#[test]
+fn reduce_scatter_allgather_and_nonblocking() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    let b = 751; // elements per block: not a whole number of chunks
+    let w = usize::from(WORLD);
+    ranks(&fabric, |rank, cfg| {
+        let group = Group::create(cfg).unwrap();
+        let mut comm = group.communicator(comm_config()).unwrap();
+        let me = usize::from(rank);
+        for &dtype in DataType::ALL {
+            let sz = dtype.size();
+            for (k, op) in ReduceOp::reductions().enumerate() {
+                if !op.applies_to(dtype) {
+                    continue;
+                }
+                let src: Vec<u8> = (0..w * b).flat_map(|i| in_any(dtype, op, i, rank)).collect();
+                let want: Vec<u8> =
+                    (me * b..(me + 1) * b).flat_map(|i| reduce_any(dtype, op, i)).collect();
+                if k % 2 == 0 {
+                    let mut d = vec![0u8; b * sz];
+                    comm.reduce_scatter_bytes(&src, &mut d, dtype, op).unwrap();
+                    assert!(d == want, "rank {rank} reduce-scatter {dtype} {op}");
+                } else {
+                    let mut buf = src.clone();
+                    comm.reduce_scatter_bytes_in_place(&mut buf, dtype, op).unwrap();
+                    assert!(
+                        buf[me * b * sz..][..b * sz] == want[..],
+                        "rank {rank} in-place reduce-scatter {dtype} {op}"
+                    );
+                    assert!(buf[..me * b * sz] == src[..me * b * sz], "other blocks untouched");
+                }
+            }
+            let block = |r: u16| -> Vec<u8> {
+                (0..b).flat_map(|i| in_any(dtype, ReduceOp::Sum, i, r)).collect()
+            };
+            let want: Vec<u8> = (0..WORLD).flat_map(block).collect();
+            let mut d = vec![0u8; w * b * sz];
+            comm.allgather_bytes(&block(rank), &mut d, dtype).unwrap();
+            assert!(d == want, "rank {rank} allgather {dtype}");
+            let mut buf = vec![0u8; w * b * sz];
+            buf[me * b * sz..][..b * sz].copy_from_slice(&block(rank));
+            comm.allgather_bytes_in_place(&mut buf, dtype).unwrap();
+            assert!(buf == want, "rank {rank} in-place allgather {dtype}");
+        }
+        let e = comm.reduce_scatter(&[0i32; 7], &mut [0i32; 2], ReduceOp::Sum).unwrap_err();
+        assert!(e.to_string().contains("expected 4 blocks"), "{e}");
+
+        // Eight in flight, every kind; buffers are lent to the scope.
+        let n = 20_000;
+        let src: Vec<i32> = (0..n).map(|i| in_i32(i, rank)).collect();
+        let (mut a, mut bb, mut c) = (vec![0i32; n], vec![0i32; n], vec![0i32; 3]);
+        let mut rs = vec![0i32; n / w];
+        let mut ag = vec![0i32; n * w];
+        let mut bc: Vec<i32> = if rank == 3 { src.clone() } else { vec![0; n] };
+        let mut red = vec![0i32; if rank == 0 { n } else { 0 }];
+        let mut inplace = vec![i32::from(rank) + 1; 5];
+        let small = [i32::from(rank); 3];
+        let computed = comm.scope(|s| {
+            let reqs = vec![
+                s.iallreduce(&src, &mut a, ReduceOp::Sum).unwrap(),
+                s.ireduce_scatter(&src, &mut rs, ReduceOp::Max).unwrap(),
+                s.iallgather(&src, &mut ag).unwrap(),
+                s.ibroadcast(&mut bc, 3).unwrap(),
+                s.ireduce(&src, &mut red, ReduceOp::Min, 0).unwrap(),
+                s.ibarrier().unwrap(),
+                s.iallreduce_in_place(&mut inplace, ReduceOp::Sum).unwrap(),
+                s.iallreduce(&src, &mut bb, ReduceOp::Max).unwrap(),
+            ];
+            let last = s.iallreduce(&small, &mut c, ReduceOp::Max).unwrap();
+            // Compute while the progress thread runs them.
+            let computed: u64 =
+                (0..2_000_000u64).fold(0, |x, i| x.wrapping_mul(31).wrapping_add(i));
+            while !last.test().unwrap() {
+                std::thread::yield_now();
+            }
+            // Completion in start order: all earlier ones are done too.
+            for r in &reqs {
+                assert!(r.test().unwrap());
+            }
+            for r in reqs {
+                r.wait().unwrap();
+            }
+            last.wait().unwrap();
+            computed
+        });
+        assert_ne!(computed, 1);
+        assert!((0..n).all(|i| a[i] == reduce_i32(i, ReduceOp::Sum)), "rank {rank} iallreduce");
+        assert!(
+            (0..n).all(|i| bb[i] == reduce_i32(i, ReduceOp::Max)),
+            "rank {rank} iallreduce max"
+        );
+        let lo = me * (n / w);
+        assert!(
+            (0..n / w).all(|i| rs[i] == reduce_i32(lo + i, ReduceOp::Max)),
+            "rank {rank} ireduce_scatter"
+        );
+        assert!(
+            (0..n * w).all(|i| ag[i] == in_i32(i % n, (i / n) as u16)),
+            "rank {rank} iallgather"
+        );
+        assert!((0..n).all(|i| bc[i] == in_i32(i, 3)), "rank {rank} ibroadcast");
+        if rank == 0 {
+            assert!((0..n).all(|i| red[i] == reduce_i32(i, ReduceOp::Min)), "ireduce");
+        }
+        assert_eq!(inplace, vec![10; 5]);
+        assert_eq!(c, vec![3; 3]);
+        // Blocking calls after non-blocking ones keep the order.
+        comm.barrier().unwrap();
+        comm.destroy().unwrap();
+        group.destroy().unwrap();
+    });
+}
+
 #[test]
 fn missing_controller_fails_fast_on_every_rank() {
     let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };

@@ -1,0 +1,384 @@
+//! Non-blocking collectives: a progress thread per communicator runs the collectives
+//! started on it, one after another in start order, while the caller computes.
+//!
+//! A collective is first checked and turned into a [`Plan`] (its spec and the caller's
+//! buffers as raw pointers), then either executed at once on the caller's thread
+//! (blocking calls, after every earlier request finished: one order for both) or queued
+//! for the progress thread ([`Progress::submit`]). The thread is started by the first
+//! non-blocking call, so programs that never use one never pay for it.
+//!
+//! The buffers of a queued plan belong to the library until its request completes. The
+//! Rust API ([`crate::Communicator::scope`]) enforces that with lifetimes (the scope
+//! waits for every request before it returns); the C API documents it.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use inccl_engine::{CollectiveKind, CollectiveSpec, OpBuffers};
+use tracing::warn;
+
+use crate::error::{Error, Result};
+use crate::group::GroupShared;
+use crate::transport::Transport;
+use crate::types::{DataType, ReduceOp};
+
+/// Requests a communicator may have started and not yet had collected (queued, running
+/// or completed and not waited for).
+pub const MAX_PENDING: usize = 256;
+
+/// A caller's read-only buffer, as a pointer: valid for as long as the creator of the
+/// [`Plan`] holding it promised (see [`Core::execute`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBuf {
+    ptr: *const u8,
+    len: usize,
+}
+
+/// A caller's writable buffer, as a pointer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBufMut {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl RawBuf {
+    pub(crate) fn new(b: &[u8]) -> Self {
+        RawBuf { ptr: b.as_ptr(), len: b.len() }
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+    /// # Safety
+    /// The buffer is alive and not written by anyone else for `'a`.
+    unsafe fn get<'a>(self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // Safety: a live buffer of `len` bytes, per this function's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl RawBufMut {
+    pub(crate) fn new(b: &mut [u8]) -> Self {
+        RawBufMut { ptr: b.as_mut_ptr(), len: b.len() }
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+    pub(crate) fn as_const(self) -> RawBuf {
+        RawBuf { ptr: self.ptr, len: self.len }
+    }
+    /// # Safety
+    /// The buffer is alive and used by nobody else for `'a`.
+    unsafe fn get<'a>(self) -> &'a mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // Safety: a live, unshared buffer of `len` bytes, per this function's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// [`OpBuffers`] as pointers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RawBufs {
+    Separate { src: RawBuf, dst: RawBufMut },
+    InPlace(RawBufMut),
+    SendOnly(RawBuf),
+    RecvOnly(RawBufMut),
+    None,
+}
+
+/// A checked collective, ready to run.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(crate) spec: CollectiveSpec,
+    pub(crate) bufs: RawBufs,
+    /// AVG's final divide by the world size, on this byte range of the result.
+    pub(crate) finalize: Option<(ReduceOp, Range<usize>)>,
+}
+
+// Safety: a plan is only a description of the caller's buffers; whoever creates one
+// promises the buffers stay valid and untouched until it has run (see `Core::execute`),
+// whichever thread runs it.
+unsafe impl Send for Plan {}
+
+/// What runs a communicator's collectives: its transport and failure state.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) rank: u16,
+    pub(crate) world_size: u16,
+    pub(crate) transport: Box<dyn Transport>,
+    /// Set after a data-path failure: the QP state is unknown, so later calls fail fast.
+    pub(crate) failed: Option<String>,
+    /// The group, to name ranks that lost their bootstrap connection in failures.
+    pub(crate) group: Arc<GroupShared>,
+}
+
+impl Core {
+    /// Runs `plan` to completion (bounded by the transport's timeouts).
+    ///
+    /// # Safety
+    /// The plan's buffers are alive and used by nobody else until this returns.
+    pub(crate) unsafe fn execute(&mut self, plan: &Plan) -> Result<()> {
+        if let Some(why) = &self.failed {
+            return Err(Error::Unusable("communicator", why.clone()));
+        }
+        // Safety: alive and unshared for this call, per this function's contract.
+        let bufs = unsafe {
+            match plan.bufs {
+                RawBufs::Separate { src, dst } => {
+                    let (src, dst) = (src.get(), dst.get());
+                    if plan.spec.kind == CollectiveKind::AllGather {
+                        // The network never sends a rank its own block.
+                        let at = usize::from(self.rank) * src.len();
+                        dst[at..at + src.len()].copy_from_slice(src);
+                    }
+                    OpBuffers::Separate { src, dst }
+                }
+                RawBufs::InPlace(b) => OpBuffers::InPlace(b.get()),
+                RawBufs::SendOnly(b) => OpBuffers::SendOnly(b.get()),
+                RawBufs::RecvOnly(b) => OpBuffers::RecvOnly(b.get()),
+                RawBufs::None => OpBuffers::None,
+            }
+        };
+        match self.transport.run(plan.spec, bufs) {
+            Ok(()) => {}
+            Err(Error::Collective { rank, comm_id, mut reason }) => {
+                let dead = self.group.boot().dead_peers();
+                if !dead.is_empty() {
+                    reason.push_str(&format!(
+                        "; ranks {dead:?} lost their bootstrap connection (process dead?)"
+                    ));
+                }
+                warn!(rank, comm_id, %reason, "collective failed");
+                self.failed = Some(reason.clone());
+                return Err(Error::Collective { rank, comm_id, reason });
+            }
+            Err(e) => return Err(e),
+        }
+        if let Some((op, range)) = &plan.finalize {
+            let result = match plan.bufs {
+                RawBufs::Separate { dst: b, .. } | RawBufs::InPlace(b) | RawBufs::RecvOnly(b) => b,
+                RawBufs::SendOnly(_) | RawBufs::None => return Ok(()),
+            };
+            // Safety: as above; the transport no longer holds the buffer.
+            let result = unsafe { result.get() };
+            inc_wire::reduce::finalize_native(
+                *op,
+                plan.spec.dtype,
+                &mut result[range.clone()],
+                self.world_size,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Request ids are unique in the process (the C API hands them out as handles).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Debug, Default)]
+struct Queue {
+    jobs: VecDeque<(u64, Plan)>,
+    running: Option<u64>,
+    /// Outcomes not yet collected by `wait`.
+    done: HashMap<u64, Result<()>>,
+    shutdown: bool,
+}
+
+impl Queue {
+    fn in_flight(&self) -> usize {
+        self.jobs.len() + usize::from(self.running.is_some())
+    }
+    fn is_pending(&self, id: u64) -> bool {
+        self.running == Some(id) || self.jobs.iter().any(|(j, _)| *j == id)
+    }
+}
+
+/// The progress thread of one communicator and its queue.
+#[derive(Debug)]
+pub(crate) struct Progress {
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    queue: Mutex<Queue>,
+    changed: Condvar,
+}
+
+fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the state whole, so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Progress {
+    pub(crate) fn new(core: Core) -> Self {
+        Progress {
+            shared: Arc::new(Shared {
+                core: Mutex::new(core),
+                queue: Mutex::new(Queue::default()),
+                changed: Condvar::new(),
+            }),
+            worker: Mutex::new(None),
+        }
+    }
+
+    /// Runs `plan` on the calling thread after every earlier request has finished.
+    ///
+    /// # Safety
+    /// As [`Core::execute`].
+    pub(crate) unsafe fn run_now(&self, plan: &Plan) -> Result<()> {
+        self.shared.drain();
+        // Safety: forwarded contract.
+        unsafe { relock(&self.shared.core).execute(plan) }
+    }
+
+    /// Queues `plan` for the progress thread; returns the request id.
+    ///
+    /// # Safety
+    /// The plan's buffers stay alive and unused by the caller until the request
+    /// completes (`wait` or `test` says so).
+    pub(crate) unsafe fn submit(&self, plan: Plan) -> Result<u64> {
+        let mut q = relock(&self.shared.queue);
+        let held = q.in_flight() + q.done.len();
+        if held >= MAX_PENDING {
+            return Err(Error::InvalidArgument(format!(
+                "{held} requests are started and not yet waited for (at most {MAX_PENDING})"
+            )));
+        }
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        q.jobs.push_back((id, plan));
+        drop(q);
+        self.shared.changed.notify_all();
+        let mut worker = relock(&self.worker);
+        if worker.is_none() {
+            let shared = self.shared.clone();
+            let thread = std::thread::Builder::new()
+                .name("inccl-progress".into())
+                .spawn(move || shared.work())
+                .map_err(|e| Error::io("starting the INCCL progress thread", e))?;
+            *worker = Some(thread);
+        }
+        Ok(id)
+    }
+
+    /// The shared state, for handles that outlive a borrow of the communicator (C).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Requests started and not yet collected.
+    pub(crate) fn held(&self) -> usize {
+        let q = relock(&self.shared.queue);
+        q.in_flight() + q.done.len()
+    }
+
+    /// Waits for every request, then drops the outcomes nobody collected (logged).
+    pub(crate) fn finish_all(&self) {
+        self.shared.drain();
+        for (id, r) in relock(&self.shared.queue).done.drain() {
+            if let Err(e) = r {
+                warn!(request = id, "a request nobody waited for failed: {e}");
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn work(&self) {
+        loop {
+            let (id, plan) = {
+                let mut q = relock(&self.queue);
+                loop {
+                    if q.shutdown {
+                        return;
+                    }
+                    if let Some(job) = q.jobs.pop_front() {
+                        q.running = Some(job.0);
+                        break job;
+                    }
+                    q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            // Safety: `submit`'s caller keeps the buffers for us until the request is
+            // reported complete, which happens only below.
+            let r = unsafe { relock(&self.core).execute(&plan) };
+            let mut q = relock(&self.queue);
+            q.running = None;
+            q.done.insert(id, r);
+            drop(q);
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits until nothing is queued or running.
+    fn drain(&self) {
+        let mut q = relock(&self.queue);
+        while q.in_flight() > 0 {
+            q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Whether request `id` completed; an error if it is not a request of this
+    /// communicator that was not collected yet.
+    pub(crate) fn test(&self, id: u64) -> Result<bool> {
+        let q = relock(&self.queue);
+        if q.done.contains_key(&id) {
+            Ok(true)
+        } else if q.is_pending(id) {
+            Ok(false)
+        } else {
+            Err(unknown(id))
+        }
+    }
+
+    /// Waits for request `id` and collects its outcome (the request is gone after).
+    pub(crate) fn wait(&self, id: u64) -> Result<()> {
+        let mut q = relock(&self.queue);
+        loop {
+            if let Some(r) = q.done.remove(&id) {
+                return r;
+            }
+            if !q.is_pending(id) {
+                return Err(unknown(id));
+            }
+            q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+fn unknown(id: u64) -> Error {
+    Error::InvalidArgument(format!("request {id} was already waited for, or never started"))
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        relock(&self.shared.queue).shutdown = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = relock(&self.worker).take() {
+            // The thread finishes the collective it runs (bounded by the transport's
+            // timeouts) and leaves the rest.
+            let _ = t.join();
+        }
+    }
+}
+
+/// Element count of a native buffer of `len` bytes; errors if it is not a whole number
+/// of elements.
+pub(crate) fn elements(len: usize, dtype: DataType, what: &str) -> Result<u64> {
+    if len % dtype.size() != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} length {len} bytes is not a multiple of the {dtype} element size {}",
+            dtype.size()
+        )));
+    }
+    Ok((len / dtype.size()) as u64)
+}
