@@ -11,7 +11,7 @@ use crate::bootstrap::{Bootstrap, Phase};
 use crate::config::{CommConfig, GroupConfig};
 use crate::error::{Error, Result};
 use crate::iface::{self, DataPlane};
-use crate::request::{elements, Core, Plan, Progress, RawBuf, RawBufMut, RawBufs};
+use crate::request::{elements, Core, Plan, Progress, RawBuf, RawBufMut, RawBufs, UnscopedRequest};
 use crate::transport;
 use crate::types::{DataType, Element, ReduceOp};
 
@@ -372,6 +372,36 @@ impl Communicator {
         let barrier = boot.barrier(self.tag, Phase::Destroy);
         let removed = boot.destroy_communicator(self.endpoint.comm_id);
         barrier.and(removed)
+    }
+
+    /// Starts an AllReduce (in place when `src` is `None`) outside a [`Scope`], for
+    /// language bindings.
+    ///
+    /// # Safety
+    /// `src` and `dst` stay alive and are neither read nor written by anyone else until
+    /// the request reports completion (`test` true, or `wait`/`wait_timeout` returned
+    /// its outcome); dropping the request does not wait.
+    pub unsafe fn iallreduce_bytes_unscoped(
+        &self,
+        src: Option<&[u8]>,
+        dst: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<UnscopedRequest> {
+        let out = match src {
+            Some(s) => Out::Separate(RawBuf::new(s), RawBufMut::new(dst)),
+            None => Out::InPlace(RawBufMut::new(dst)),
+        };
+        let plan = self.plan_allreduce(out, dtype, op)?;
+        // Safety: forwarded contract.
+        let id = unsafe { self.progress.submit(plan) }?;
+        Ok(UnscopedRequest { id, shared: self.progress.shared().clone() })
+    }
+
+    /// Requests started and not yet collected by a wait (a destroy is refused while
+    /// there are any).
+    pub fn pending_requests(&self) -> usize {
+        self.progress.held()
     }
 
     pub(crate) fn progress(&self) -> &Progress {

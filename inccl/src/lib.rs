@@ -35,7 +35,7 @@ pub use config::{CommConfig, GroupConfig, TransportKind};
 pub use error::{Error, Result};
 pub use group::{Communicator, Group, Request, Scope};
 pub use iface::DataPlane;
-pub use request::MAX_PENDING;
+pub use request::{UnscopedRequest, MAX_PENDING};
 pub use types::{DataType, Element, ReduceOp};
 
 /// Building blocks exposed for the point-to-point transport benchmark

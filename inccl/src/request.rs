@@ -355,13 +355,67 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Waits up to `limit` for request `id`; its outcome (collected) if it completed.
+    pub(crate) fn wait_timeout(&self, id: u64, limit: std::time::Duration) -> Option<Result<()>> {
+        let deadline = std::time::Instant::now() + limit;
+        let mut q = relock(&self.queue);
+        loop {
+            if let Some(r) = q.done.remove(&id) {
+                return Some(r);
+            }
+            if !q.is_pending(id) {
+                return Some(Err(unknown(id)));
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            q = self.changed.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+/// A request started outside a [`crate::Scope`], for language bindings that keep the
+/// buffers alive themselves (see [`crate::Communicator::iallreduce_bytes_unscoped`]).
+#[derive(Debug)]
+pub struct UnscopedRequest {
+    pub(crate) id: u64,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl UnscopedRequest {
+    /// Whether the collective completed.
+    pub fn test(&self) -> Result<bool> {
+        self.shared.test(self.id)
+    }
+
+    /// Waits at most `limit`; the outcome once it completed (then the request is
+    /// collected: later calls report it as unknown).
+    pub fn wait_timeout(&self, limit: std::time::Duration) -> Option<Result<()>> {
+        self.shared.wait_timeout(self.id, limit)
+    }
+
+    /// Waits and returns the outcome.
+    pub fn wait(self) -> Result<()> {
+        self.shared.wait(self.id)
+    }
+}
+
 fn unknown(id: u64) -> Error {
     Error::InvalidArgument(format!("request {id} was already waited for, or never started"))
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        relock(&self.shared.queue).shutdown = true;
+        let mut q = relock(&self.shared.queue);
+        q.shutdown = true;
+        // Requests that never ran fail, so nobody waits for them forever.
+        while let Some((id, _)) = q.jobs.pop_front() {
+            let why = "its communicator was dropped before it ran".to_string();
+            q.done.insert(id, Err(Error::Unusable("request", why)));
+        }
+        drop(q);
         self.shared.changed.notify_all();
         if let Some(t) = relock(&self.worker).take() {
             // The thread finishes the collective it runs (bounded by the transport's
