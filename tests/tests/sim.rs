@@ -5,13 +5,13 @@
 //! A failure prints `reproduce: INC_SIM_SEED=N cargo test -p inc-tests --test sim -- NAME --exact`.
 //! `INC_SIM_CASES=K` runs K seeds per test instead of the defaults (soak runs).
 
-use inc_tests::sim::cases::{CaseShape, CollectiveCase, FloatInputs};
+use inc_tests::sim::cases::{gen_collective, CaseShape, CollectiveCase, FloatInputs};
 use inc_tests::sim::plan::{compile_comms, host_mac, load_topology, CommPlan};
 use inc_tests::sim::reference::{kind_name, unit_roundoff, Kind};
 use inc_tests::sim::repro::run_seeds;
 use inc_tests::sim::scenario::{
-    check_counters, host_retransmits, random_scenario, run, switch_retransmits, CommWorkload,
-    FloatErrors, Mismatch, Report, Scenario, Shape,
+    bound_checked, check_counters, host_retransmits, random_scenario, run, switch_retransmits,
+    CommWorkload, FloatErrors, Mismatch, Report, Scenario, Shape,
 };
 use inc_tests::sim::{FaultConfig, LinkConfig, RunLimits, MICROS};
 use inc_wire::{DataType, Operator, Unsupported};
@@ -210,7 +210,7 @@ fn disagree(rng: &mut ChaCha8Rng, case: &CollectiveCase, world: u16) -> Collecti
     let mut c = case.clone();
     loop {
         match rng.gen_range(0..4) {
-            0 if matches!(c.kind, Kind::AllReduce | Kind::Reduce { .. }) => {
+            0 if matches!(c.kind, Kind::AllReduce | Kind::Reduce { .. } | Kind::ReduceScatter) => {
                 c.op = if c.op == Operator::Sum { Operator::Max } else { Operator::Sum };
             }
             1 if c.kind != Kind::Barrier => {
@@ -225,13 +225,18 @@ fn disagree(rng: &mut ChaCha8Rng, case: &CollectiveCase, world: u16) -> Collecti
             2 if c.kind != Kind::Barrier => c.count += rng.gen_range(1..=300),
             3 => {
                 let root = (rng.gen_range(1..world.max(2)) + 1) % world.max(2);
+                // Never ReduceScatter for a Reduce rooted at 0 nor AllGather for a
+                // Broadcast rooted at 0: their first parts are those very collectives
+                // (see `blockwise_collectives_are_not_taken_for_their_first_part`).
+                let either = |a, b, rng: &mut ChaCha8Rng| if rng.gen_bool(0.5) { a } else { b };
                 c.kind = match c.kind {
-                    Kind::AllReduce => Kind::Reduce { root },
+                    Kind::AllReduce => either(Kind::Reduce { root }, Kind::ReduceScatter, rng),
+                    Kind::ReduceScatter => either(Kind::AllReduce, Kind::AllGather, rng),
                     Kind::Reduce { root: r } if world > 1 => Kind::Reduce { root: (r + 1) % world },
                     Kind::Broadcast { root: r } if world > 1 => {
                         Kind::Broadcast { root: (r + 1) % world }
                     }
-                    Kind::Barrier => Kind::AllReduce,
+                    Kind::Barrier => either(Kind::AllReduce, Kind::AllGather, rng),
                     _ => Kind::Barrier,
                 };
                 if c.kind != Kind::Barrier && c.count == 0 {
@@ -249,7 +254,9 @@ fn disagree(rng: &mut ChaCha8Rng, case: &CollectiveCase, world: u16) -> Collecti
 /// DESIGN: "Ranks that disagree on the operation get a clear error, not a hang or a
 /// wrong sum." One rank's last collective differs (operator, datatype, count, kind or
 /// root): every rank of the communicator must fail exactly that collective, naming
-/// the disagreement; earlier collectives still verify.
+/// the disagreement; earlier collectives still verify. The last collective is never an
+/// AllGather the others disagree with: ranks can then time out instead (engine bug,
+/// `allgather_disagreement_is_a_mismatch_on_every_rank`).
 #[test]
 fn disagreeing_ranks_get_an_error() {
     let reports = run_seeds("disagreeing_ranks_get_an_error", 60, |seed| {
@@ -259,7 +266,11 @@ fn disagreeing_ranks_get_an_error() {
             random_scenario(seed, topology, &Shape { jobs: 1..=4, faults, ..Shape::default() })?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let world = s.comms[0].hosts.len() as u16;
-        let last = s.comms[0].jobs.last().expect("at least one job").clone();
+        let last = s.comms[0].jobs.last_mut().expect("at least one job");
+        if last.kind == Kind::AllGather {
+            last.kind = Kind::ReduceScatter;
+        }
+        let last = last.clone();
         let rank = rng.gen_range(0..world);
         let case = disagree(&mut rng, &last, world);
         s.mismatch = Some(Mismatch { comm: 0, rank, case: case.clone() });
@@ -556,8 +567,13 @@ fn large_random_collectives() {
         let faults = lossy(seed, 0.02);
         let shape = Shape { jobs: 2..=3, faults, ..Shape::default() };
         let mut s = random_scenario(seed, topology, &shape)?;
+        let world = s.comms[0].hosts.len();
         let big = &mut s.comms[0].jobs[0];
         big.count = rng.gen_range((1 << 18)..=6 * (1 << 18));
+        if big.kind.is_blockwise() {
+            // As many bytes per rank, in `world` blocks.
+            big.count /= world;
+        }
         if big.kind == Kind::Barrier {
             big.kind = Kind::AllReduce;
         }
@@ -658,8 +674,8 @@ fn every_type_and_operator() {
 
 /// +-0, +-infinity and NaNs of any sign and payload among the inputs of every float type
 /// and operator: MAX/MIN order -0 < +0, every NaN result is the type's canonical NaN,
-/// and a chunk with one contributor (Broadcast; the switches with one child of a
-/// two-rank communicator; a one-rank communicator) passes bit for bit, payloads
+/// and a chunk with one contributor (Broadcast and AllGather; the switches with one child
+/// of a two-rank communicator; a one-rank communicator) passes bit for bit, payloads
 /// included; both float modes.
 #[test]
 fn special_float_values() {
@@ -673,11 +689,18 @@ fn special_float_values() {
                             continue;
                         }
                         let root = j as u16 % world;
-                        for kind in
-                            [Kind::AllReduce, Kind::Reduce { root }, Kind::Broadcast { root }]
-                        {
+                        for kind in [
+                            Kind::AllReduce,
+                            Kind::Reduce { root },
+                            Kind::Broadcast { root },
+                            Kind::ReduceScatter,
+                            Kind::AllGather,
+                        ] {
                             let floats = FloatInputs::Special;
-                            let (count, in_place) = (300, false);
+                            // 300 elements per rank, in blocks for the blockwise kinds.
+                            let per_block =
+                                if kind.is_blockwise() { usize::from(world) } else { 1 };
+                            let (count, in_place) = (300 / per_block, false);
                             jobs.push(CollectiveCase { kind, op, dtype, count, in_place, floats });
                         }
                     }
@@ -729,8 +752,12 @@ fn invalid_pairs_are_refused() {
         for topology in ["1-2-4", "3-level"] {
             for (j, &(dtype, op)) in invalid.iter().enumerate() {
                 let why = Unsupported { operator: op, datatype: dtype }.to_string();
-                for kind in [Kind::AllReduce, Kind::Reduce { root: 1 }, Kind::Broadcast { root: 2 }]
-                {
+                for kind in [
+                    Kind::AllReduce,
+                    Kind::Reduce { root: 1 },
+                    Kind::Broadcast { root: 2 },
+                    Kind::ReduceScatter,
+                ] {
                     let mut engine = HostEngine::new(config.clone());
                     let spec = CollectiveSpec { kind, op, dtype, count: 300 };
                     let e = engine.start(Time::ZERO, spec);
@@ -868,4 +895,282 @@ fn goodput_report() {
             wall
         );
     }
+}
+
+/// The float input styles a test covers for `dtype`: every integer result is exact; float
+/// results also over wide-range inputs (checked within a bound, or bit for bit in
+/// deterministic float mode).
+fn styles(dtype: DataType) -> &'static [FloatInputs] {
+    if dtype.is_integer() {
+        &[FloatInputs::Exact]
+    } else {
+        &[FloatInputs::Exact, FloatInputs::Wide]
+    }
+}
+
+/// Issue [14]: ReduceScatter for every valid (type, operator) pair and AllGather for
+/// every type, in place and out of place, on 1-2-4 and the 3-level tree, every rank
+/// checked: its ReduceScatter block as `every_type_and_operator` checks an AllReduce, its
+/// AllGather blocks bit for bit. Per pair, type and input style: 1 element per block (one
+/// Start carrying each part's data) and 7 (one partial chunk), one in place and the other
+/// not; in deterministic float mode again for the results it changes (float SUM, PROD
+/// and AVG over wide-range inputs). 65537 elements per block (many chunks, the last of one
+/// element) for every type, as a ReduceScatter (operators in turn) on one topology and an
+/// AllGather on the other, in place for every other pair of types.
+#[test]
+fn reduce_scatter_and_allgather_every_type() {
+    let reports = run_seeds("reduce_scatter_and_allgather_every_type", 1, |seed| {
+        let mut reports = Vec::new();
+        for (t, topology) in ["1-2-4", "3-level"].into_iter().enumerate() {
+            for deterministic_float in [false, true] {
+                let s = scripted(seed, topology, None, deterministic_float, |_| {
+                    let c = |kind, (dtype, op), count, in_place, floats| CollectiveCase {
+                        kind,
+                        op,
+                        dtype,
+                        count,
+                        in_place,
+                        floats,
+                    };
+                    let mut jobs = Vec::new();
+                    let pairs = valid_pairs();
+                    for (j, &pair) in pairs.iter().enumerate() {
+                        for &floats in styles(pair.0) {
+                            for (count, in_place) in [(1, j % 2 == 0), (7, j % 2 == 1)] {
+                                let rs = c(Kind::ReduceScatter, pair, count, in_place, floats);
+                                if !deterministic_float || bound_checked(&rs) {
+                                    jobs.push(rs);
+                                }
+                            }
+                        }
+                    }
+                    if deterministic_float {
+                        return jobs;
+                    }
+                    for (i, &dtype) in DataType::ALL.iter().enumerate() {
+                        let exact = FloatInputs::Exact;
+                        for (count, in_place) in [(1, i % 2 == 0), (7, i % 2 == 1)] {
+                            let pair = (dtype, Operator::Sum);
+                            jobs.push(c(Kind::AllGather, pair, count, in_place, exact));
+                        }
+                        let ops: Vec<_> = pairs.iter().filter(|p| p.0 == dtype).collect();
+                        let pair = *ops[(i + t) % ops.len()];
+                        let kind =
+                            if (i + t) % 2 == 0 { Kind::ReduceScatter } else { Kind::AllGather };
+                        jobs.push(c(kind, pair, 65537, (i / 2 + t) % 2 == 0, exact));
+                    }
+                    jobs
+                });
+                let r = run(&s).map_err(|e| format!("{topology}: {e}"))?;
+                check_counters(&s, &r).map_err(|e| format!("{topology}: {e}\n{}", r.state))?;
+                reports.push(r);
+            }
+        }
+        Ok(reports)
+    });
+    let reports: Vec<Report> = reports.into_iter().flatten().collect();
+    summary(
+        "reduce_scatter_and_allgather_every_type",
+        "1-2-4 and 3-level, both float modes",
+        &reports,
+    );
+}
+
+/// Draws collectives until one of the same kind as `kind` (any root) comes up: random
+/// type, operator, count, layout and root, for a given mix of kinds.
+fn draw_kind(rng: &mut ChaCha8Rng, world: u16, shape: &CaseShape, kind: Kind) -> CollectiveCase {
+    let same =
+        |c: &CollectiveCase| std::mem::discriminant(&c.kind) == std::mem::discriminant(&kind);
+    std::iter::repeat_with(|| gen_collective(rng, world, shape))
+        .find(same)
+        .expect("every kind is drawn")
+}
+
+/// ReduceScatter and AllGather alone, back to back with random types, operators, counts,
+/// buffer layouts and float inputs, over links that lose, duplicate and reorder up to 10%
+/// of their frames (with jitter), on 1-2-4 and the 3-level tree: every rank's result bit
+/// for bit (the switches in deterministic float mode), counters as for any lossy run.
+#[test]
+fn reduce_scatter_and_allgather_over_loss() {
+    let reports = run_seeds("reduce_scatter_and_allgather_over_loss", 20, |seed| {
+        let topology = if seed % 2 == 0 { "1-2-4" } else { "3-level" };
+        let shape =
+            Shape { faults: lossy(seed, 0.10), deterministic_float: true, ..Shape::default() };
+        let mut s = random_scenario(seed, topology, &shape)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let world = s.comms[0].hosts.len() as u16;
+        for job in &mut s.comms[0].jobs {
+            let kind = if rng.gen_bool(0.5) { Kind::ReduceScatter } else { Kind::AllGather };
+            *job = draw_kind(&mut rng, world, &shape.case, kind);
+        }
+        let r = run(&s)?;
+        check_counters(&s, &r).map_err(|e| format!("{e}\n{}", r.state))?;
+        Ok(r)
+    });
+    summary("reduce_scatter_and_allgather_over_loss", "1-2-4 and 3-level", &reports);
+}
+
+/// Issue [14], non-blocking collectives as INCCL's progress thread runs them: every rank
+/// of two communicators (all hosts, and a subset) is given 8 collectives (AllReduce,
+/// ReduceScatter, AllGather, Reduce and Broadcast, in a seeded order, with random types,
+/// operators, counts, layouts and roots, exact-style float inputs) and starts each the
+/// moment its own previous one completes, with no step common to the ranks, over lossy
+/// links. Every rank's result is bit for bit the reference, and on every rank the
+/// collectives complete in the order they started, each starting when the one before it
+/// completed.
+#[test]
+fn queued_collectives_complete_in_order() {
+    let reports = run_seeds("queued_collectives_complete_in_order", 16, |seed| {
+        let topology = if seed % 2 == 0 { "1-2-4" } else { "3-level" };
+        let shape = Shape {
+            second_comm: true,
+            faults: lossy(seed, 0.10),
+            case: CaseShape { wide_floats: 0.0, ..CaseShape::default() },
+            ..Shape::default()
+        };
+        let mut s = random_scenario(seed, topology, &shape)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        for comm in &mut s.comms {
+            let world = comm.hosts.len() as u16;
+            let mut kinds = [
+                Kind::AllReduce,
+                Kind::AllReduce,
+                Kind::ReduceScatter,
+                Kind::ReduceScatter,
+                Kind::AllGather,
+                Kind::AllGather,
+                Kind::Reduce { root: 0 },
+                Kind::Broadcast { root: 0 },
+            ];
+            kinds.shuffle(&mut rng);
+            comm.jobs = kinds.map(|k| draw_kind(&mut rng, world, &shape.case, k)).to_vec();
+        }
+        let r = run(&s)?;
+        check_counters(&s, &r).map_err(|e| format!("{e}\n{}", r.state))?;
+        for ((host, comm, rank, _), done) in r.hosts.iter().zip(&r.completions) {
+            let at = format!("host {host} comm {comm} rank {rank}");
+            let order: Vec<usize> = done.iter().map(|d| d.0).collect();
+            if order != (0..8).collect::<Vec<_>>() {
+                return Err(format!("{at}: collectives completed in the order {order:?}"));
+            }
+            if let Some(w) = done.windows(2).find(|w| w[1].1 != w[0].2) {
+                return Err(format!(
+                    "{at}: #{} completed at t={}ns, #{} started at t={}ns",
+                    w[0].0, w[0].2, w[1].0, w[1].1
+                ));
+            }
+        }
+        Ok(r)
+    });
+    summary("queued_collectives_complete_in_order", "1-2-4 and 3-level", &reports);
+}
+
+/// Runs `major` as collective #1 (after an AllGather that must verify) on every rank of
+/// all hosts of `topology` but `rank`, which runs `odd`; with some loss on odd seeds.
+fn disagreement(
+    seed: u64,
+    topology: &str,
+    major: &CollectiveCase,
+    rank: impl FnOnce(u16) -> u16,
+    odd: &CollectiveCase,
+) -> Result<(Report, u16), String> {
+    let mut s = scripted(seed, topology, None, false, |_| {
+        vec![case(Kind::AllGather, Operator::Sum, DataType::Int32, 5), major.clone()]
+    });
+    if seed % 2 == 1 {
+        let link = LinkConfig { faults: lossy(seed, 0.05), jitter: 500, ..s.host_link };
+        (s.host_link, s.switch_link) = (link, LinkConfig { latency: MICROS, ..link });
+    }
+    let world = s.comms[0].hosts.len() as u16;
+    s.mismatch = Some(Mismatch { comm: 0, rank: rank(world), case: odd.clone() });
+    Ok((run(&s)?, world))
+}
+
+/// Every rank failed collective #1 with an error naming the disagreement.
+fn all_disagree(r: &Report, world: u16) -> Result<(), String> {
+    let clear = |e: &&String| e.contains("collective #1 ") && e.contains("disagree");
+    if r.host_errors.iter().filter(clear).count() != usize::from(world) {
+        return Err(format!("not every rank failed with the disagreement: {:?}", r.host_errors));
+    }
+    Ok(())
+}
+
+/// Issue [14]: "Disagreeing ranks (counts, types, collectives) get the same clear, bounded
+/// error as the existing collectives." One rank runs ReduceScatter where the others run
+/// AllReduce, AllGather where they run a Barrier, or the others' ReduceScatter with
+/// another count, operator or type, or as an AllReduce or AllGather: every rank fails
+/// that collective with a Mismatch (no timeout), after the AllGather before it verified
+/// on every rank; 1-2-4 and the 3-level tree, with and without loss, the odd rank drawn
+/// from the seed. As in `disagreeing_ranks_get_an_error`, the disagreement ends the
+/// sequence.
+#[test]
+fn reduce_scatter_and_allgather_disagreements() {
+    let rs = case(Kind::ReduceScatter, Operator::Sum, DataType::Int32, 300);
+    let cases = [
+        (case(Kind::AllReduce, Operator::Sum, DataType::Int32, 300), rs.clone()),
+        (
+            case(Kind::Barrier, Operator::Barrier, DataType::Int32, 0),
+            CollectiveCase { kind: Kind::AllGather, ..rs.clone() },
+        ),
+        (rs.clone(), CollectiveCase { count: 301, ..rs.clone() }),
+        (rs.clone(), CollectiveCase { op: Operator::Max, ..rs.clone() }),
+        (rs.clone(), CollectiveCase { dtype: DataType::Float32, ..rs.clone() }),
+        (rs.clone(), CollectiveCase { kind: Kind::AllReduce, ..rs.clone() }),
+        (rs.clone(), CollectiveCase { kind: Kind::AllGather, ..rs.clone() }),
+    ];
+    run_seeds("reduce_scatter_and_allgather_disagreements", 4, |seed| {
+        for topology in ["1-2-4", "3-level"] {
+            for (major, odd) in &cases {
+                let what = format!(
+                    "{topology}: {} where the others run {}",
+                    odd.describe(),
+                    major.describe()
+                );
+                let pick = |world| ChaCha8Rng::seed_from_u64(seed).gen_range(0..world);
+                let (r, world) = disagreement(seed, topology, major, pick, odd)
+                    .map_err(|e| format!("{what}: {e}"))?;
+                all_disagree(&r, world).map_err(|e| format!("{what}: {e}\n{}", r.state))?;
+            }
+        }
+        Ok(())
+    });
+}
+
+/// Engine bug (inccl-engine 6464c97): ranks run AllGather and one disagrees (here on the
+/// count). Part 0 is a Broadcast from rank 0, whose data reaches rank 0's siblings under
+/// its leaf switch before the Error does; they complete part 0, start part 1 alone, drop
+/// the Error for part 0 as unexpected (`handle_control` only takes an Error for the
+/// running part or a later one) and fail only by the 10 s progress timeout. Here: 1-2-4,
+/// rank 1 disagrees, rank 2 (rank 0's sibling) times out.
+#[test]
+#[ignore = "engine bug: an AllGather rank that completed part 0 misses the Error and times out"]
+fn allgather_disagreement_is_a_mismatch_on_every_rank() {
+    run_seeds("allgather_disagreement_is_a_mismatch_on_every_rank", 1, |seed| {
+        let ag = case(Kind::AllGather, Operator::Sum, DataType::Int32, 40);
+        let odd = CollectiveCase { count: 41, ..ag.clone() };
+        let (r, world) = disagreement(seed, "1-2-4", &ag, |_| 1, &odd)?;
+        all_disagree(&r, world).map_err(|e| format!("{e}\n{}", r.state))
+    });
+}
+
+/// Engine bug (inccl-engine 6464c97, design): part 0 of a ReduceScatter is on the wire
+/// exactly a Reduce rooted at rank 0 over block 0, and part 0 of an AllGather exactly a
+/// Broadcast from rank 0, so the switches cannot tell one rank's ReduceScatter from the
+/// others' Reduce to rank 0 (same type, operator and count): the Reduce ranks complete,
+/// the ReduceScatter rank waits in part 1 until its 10 s progress timeout (likewise for
+/// AllGather against Broadcast). Here: 1-2-4, rank 1 disagrees.
+#[test]
+#[ignore = "engine bug: a blockwise collective's first part matches a Reduce or Broadcast"]
+fn blockwise_collectives_are_not_taken_for_their_first_part() {
+    run_seeds("blockwise_collectives_are_not_taken_for_their_first_part", 1, |seed| {
+        let rs = case(Kind::ReduceScatter, Operator::Sum, DataType::Int32, 40);
+        let ag = CollectiveCase { kind: Kind::AllGather, ..rs.clone() };
+        for (major, odd) in [(Kind::Reduce { root: 0 }, rs), (Kind::Broadcast { root: 0 }, ag)] {
+            let major = CollectiveCase { kind: major, ..odd.clone() };
+            let what = format!("{} among {}", odd.describe(), major.describe());
+            let (r, world) = disagreement(seed, "1-2-4", &major, |_| 1, &odd)?;
+            all_disagree(&r, world).map_err(|e| format!("{what}: {e}\n{}", r.state))?;
+        }
+        Ok(())
+    });
 }

@@ -10,7 +10,9 @@
 //!
 //! - `cargo test -p inc-tests --test sim_4gib` — the same driver on 3 * 1024 + 5 elements (fast);
 //! - `cargo test -p inc-tests --test sim_4gib -- --ignored --nocapture` — the 4 GiB run
-//!   (~8 GiB of buffers for 2 ranks, minutes).
+//!   (~8 GiB of buffers for 2 ranks, minutes), and issue [14]'s ReduceScatter and
+//!   AllGather of 16 Mi elements per block on 1-2-4 (the simulation harness, ~2.5 GiB,
+//!   about 30 s).
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -19,7 +21,11 @@ use inc_controller::{compile, Allocator, CommunicatorSpec};
 use inc_ctrl_proto::{RankEndpoint, MAX_24BIT, ROCE_UDP_PORT};
 use inc_protocol::Time;
 use inc_switch_engine::{PortConfig, SwitchEngine, SwitchEngineConfig};
+use inc_tests::sim::cases::{CollectiveCase, FloatInputs};
 use inc_tests::sim::plan::{host_mac, load_topology};
+use inc_tests::sim::reference::Kind;
+use inc_tests::sim::scenario::{check_counters, random_scenario, run, Shape};
+use inc_tests::sim::SECONDS;
 use inc_wire::{DataType, Operator};
 use inccl_engine::{CollectiveKind, CollectiveSpec, HostEngine, HostQpConfig, OpBuffers};
 
@@ -253,4 +259,35 @@ fn allreduce_small_through_the_4gib_driver() {
 #[ignore = "needs ~10 GiB RAM and minutes; run with --ignored"]
 fn allreduce_4gib_plus_28_bytes() {
     run_and_verify((1u64 << 30) + 7, 4096, 256);
+}
+
+/// Issue [14]: 16 Mi INT32 elements per block (64 MiB) through the simulation harness on
+/// 1-2-4 (three switches, four ranks): a SUM ReduceScatter in place (256 MiB of input per
+/// rank, the result over its own block) and an AllGather out of place (256 MiB of output
+/// per rank), every rank checked element by element against the reference.
+#[test]
+#[ignore = "~2.5 GiB of buffers and about 30 s; run with --ignored"]
+fn reduce_scatter_and_allgather_16_mi_per_block() {
+    for kind in [Kind::ReduceScatter, Kind::AllGather] {
+        let t0 = Instant::now();
+        let mut s = random_scenario(1, "1-2-4", &Shape { jobs: 1..=1, ..Shape::default() })
+            .expect("shipped topology");
+        s.comms[0].jobs = vec![CollectiveCase {
+            kind,
+            op: Operator::Sum,
+            dtype: DataType::Int32,
+            count: 16 << 20,
+            in_place: kind == Kind::ReduceScatter,
+            floats: FloatInputs::Exact,
+        }];
+        s.limits.stall = 120 * SECONDS;
+        let r = run(&s).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        check_counters(&s, &r).unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        println!(
+            "{kind:?} int32 sum, 16 Mi elements per block on 1-2-4: {} frames, {:.1} ms simulated, wall {:.1?}",
+            r.links.frames_sent,
+            r.sim_time as f64 / 1e6,
+            t0.elapsed()
+        );
+    }
 }

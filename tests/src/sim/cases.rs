@@ -41,9 +41,12 @@ pub struct CollectiveCase {
     pub op: Operator,
     /// Element type.
     pub dtype: DataType,
-    /// Elements (0 for Barrier).
+    /// Elements (0 for Barrier); for ReduceScatter and AllGather the elements of one
+    /// block (a ReduceScatter input and an AllGather output hold `world` blocks).
     pub count: usize,
-    /// AllReduce/Reduce root writes the result over its input.
+    /// The result overwrites the input (AllReduce, Reduce root), lands in the rank's
+    /// own block of its input (ReduceScatter), or the input is the rank's own block of
+    /// the output (AllGather).
     pub in_place: bool,
     /// Float input style.
     pub floats: FloatInputs,
@@ -62,12 +65,22 @@ impl CollectiveCase {
             self.floats
         )
     }
+
+    /// Elements of one rank's input in a communicator of `world` ranks: `world` blocks
+    /// for ReduceScatter, else `count`.
+    pub fn input_len(&self, world: u16) -> usize {
+        match self.kind {
+            Kind::ReduceScatter => self.count * usize::from(world),
+            _ => self.count,
+        }
+    }
 }
 
 /// Bounds for [`gen_collective`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CaseShape {
-    /// Largest element count drawn.
+    /// Largest element count drawn (per rank: a ReduceScatter or AllGather block is at
+    /// most `max_count / world`).
     pub max_count: usize,
     /// Probability of a Barrier.
     pub barrier: f64,
@@ -98,40 +111,52 @@ pub fn gen_count(rng: &mut ChaCha8Rng, max: usize, size: usize) -> usize {
     c.clamp(1, max)
 }
 
-/// Draws one collective for a communicator of `world` ranks: any type of the table and
-/// any operator that applies to it.
+/// Draws one collective for a communicator of `world` ranks: any kind, any type of the
+/// table and any operator that applies to it.
 pub fn gen_collective(rng: &mut ChaCha8Rng, world: u16, shape: &CaseShape) -> CollectiveCase {
     let root = rng.gen_range(0..world);
     let kind = if rng.gen_bool(shape.barrier) {
         Kind::Barrier
     } else {
-        *[Kind::AllReduce, Kind::AllReduce, Kind::Reduce { root }, Kind::Broadcast { root }]
-            .choose(rng)
-            .expect("non-empty")
+        *[
+            Kind::AllReduce,
+            Kind::AllReduce,
+            Kind::Reduce { root },
+            Kind::Broadcast { root },
+            Kind::ReduceScatter,
+            Kind::AllGather,
+        ]
+        .choose(rng)
+        .expect("non-empty")
     };
     let dtype = *DataType::ALL.choose(rng).expect("non-empty");
     let ops: Vec<Operator> = Operator::reductions().filter(|o| o.applies_to(dtype)).collect();
     let op = *ops.choose(rng).expect("SUM applies to every type");
+    // A block per rank: the buffers of a blockwise collective hold `world` of them, and
+    // `max_count` bounds what a rank holds.
+    let max_count =
+        if kind.is_blockwise() { shape.max_count / usize::from(world) } else { shape.max_count };
     let (op, count) = match kind {
         Kind::Barrier => (Operator::Barrier, 0),
-        _ => (op, gen_count(rng, shape.max_count, dtype.size())),
+        _ => (op, gen_count(rng, max_count, dtype.size())),
     };
-    let in_place = matches!(kind, Kind::AllReduce | Kind::Reduce { .. }) && rng.gen_bool(0.3);
+    let in_place = !matches!(kind, Kind::Barrier | Kind::Broadcast { .. }) && rng.gen_bool(0.3);
     let floats =
         if rng.gen_bool(shape.wide_floats) { FloatInputs::Wide } else { FloatInputs::Exact };
     CollectiveCase { kind, op, dtype, count, in_place, floats }
 }
 
-/// Inputs of every rank in native byte order. Integers: `in[i] = i * (rank + 1)` plus
-/// random data (wrapping), sparse bits for BOR and mostly ones for BAND (so that many
-/// ranks leave some bits); floats per [`FloatInputs`], never -0 or NaN unless
-/// [`FloatInputs::Special`].
+/// Inputs of every rank in native byte order, [`CollectiveCase::input_len`] elements
+/// each. Integers: `in[i] = i * (rank + 1)` plus random data (wrapping), sparse bits for
+/// BOR and mostly ones for BAND (so that many ranks leave some bits); floats per
+/// [`FloatInputs`], never -0 or NaN unless [`FloatInputs::Special`].
 pub fn gen_inputs(rng: &mut ChaCha8Rng, case: &CollectiveCase, world: u16) -> Vec<Vec<u8>> {
     (0..world)
         .map(|rank| {
             let noisy = rng.gen_bool(0.8);
-            let samples: Vec<Sample> =
-                (0..case.count as u64).map(|i| sample(rng, case, world, rank, i, noisy)).collect();
+            let samples: Vec<Sample> = (0..case.input_len(world) as u64)
+                .map(|i| sample(rng, case, world, rank, i, noisy))
+                .collect();
             encode(case.dtype, &samples)
         })
         .collect()
@@ -261,16 +286,37 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let shape = CaseShape { barrier: 0.0, ..CaseShape::default() };
         let mut seen = std::collections::HashSet::new();
+        let mut kinds = std::collections::HashSet::new();
+        let mut in_place = std::collections::HashSet::new();
         for _ in 0..5000 {
             let c = gen_collective(&mut rng, 4, &shape);
             assert!(c.op.applies_to(c.dtype), "{}", c.describe());
             seen.insert((c.dtype, c.op));
+            kinds.insert(std::mem::discriminant(&c.kind));
+            if c.kind.is_blockwise() {
+                assert!(c.count <= 40_000 / 4, "{}", c.describe());
+                in_place.insert((c.kind, c.in_place));
+            }
         }
         let valid = DataType::ALL
             .iter()
             .flat_map(|d| Operator::reductions().filter(move |o| o.applies_to(*d)))
             .count();
         assert_eq!(seen.len(), valid);
+        assert_eq!(kinds.len(), 5, "every kind but Barrier (disabled here)");
+        assert_eq!(in_place.len(), 4, "ReduceScatter and AllGather, in place and not");
+    }
+
+    #[test]
+    fn reduce_scatter_inputs_hold_one_block_per_rank() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let mut c = gen_collective(&mut rng, 3, &CaseShape::default());
+        (c.kind, c.count) = (Kind::ReduceScatter, 7);
+        let ins = gen_inputs(&mut rng, &c, 3);
+        assert!(ins.iter().all(|v| v.len() == 3 * 7 * c.dtype.size()), "{}", c.describe());
+        c.kind = Kind::AllGather;
+        let ins = gen_inputs(&mut rng, &c, 3);
+        assert!(ins.iter().all(|v| v.len() == 7 * c.dtype.size()), "{}", c.describe());
     }
 
     /// Exact-style inputs give the same bits in rank order, reversed, and on a deep

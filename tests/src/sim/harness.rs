@@ -152,7 +152,7 @@ pub struct Outcome {
 /// What this rank's role in `case` is: does it send, does it receive?
 fn role(case: &CollectiveCase, rank: u16) -> (bool, bool) {
     match case.kind {
-        Kind::AllReduce => (true, true),
+        Kind::AllReduce | Kind::ReduceScatter | Kind::AllGather => (true, true),
         Kind::Reduce { root } => (true, rank == root),
         Kind::Broadcast { root } => (rank == root, rank != root),
         Kind::Barrier => (false, false),
@@ -164,21 +164,55 @@ fn role(case: &CollectiveCase, rank: u16) -> (bool, bool) {
 pub const POISON: u8 = 0xEE;
 
 impl Job {
-    /// A job for `rank` with its input.
+    /// A job for `rank` of `world` ranks with its input, buffers laid out as a library
+    /// lays out the caller's: ReduceScatter writes one block out of place or over the
+    /// rank's own block of its input in place; AllGather's output holds `world` blocks,
+    /// the rank's own one being its input in place, or a copy of it out of place (the
+    /// library copies it: the network never sends a rank its own block).
     pub fn new(
         index: usize,
         case: CollectiveCase,
         rank: u16,
+        world: u16,
         input: Vec<u8>,
         delay: Nanos,
     ) -> Self {
         let (_, receives) = role(&case, rank);
-        let output = match (receives, case.in_place) {
-            (true, true) => input.clone(),
-            (true, false) => vec![POISON; input.len()],
-            (false, _) => Vec::new(),
+        let block = case.count * case.dtype.size();
+        let output = match (case.kind, receives, case.in_place) {
+            (Kind::AllGather, _, _) => {
+                let mut out = vec![POISON; block * usize::from(world)];
+                out[usize::from(rank) * block..][..block].copy_from_slice(&input);
+                out
+            }
+            (Kind::ReduceScatter, _, false) => vec![POISON; block],
+            (_, true, true) => input.clone(),
+            (_, true, false) => vec![POISON; input.len()],
+            (_, false, _) => Vec::new(),
         };
         Job { index, case, input, output, delay }
+    }
+
+    /// The result the caller reads from the output buffer after a successful run: for an
+    /// in-place ReduceScatter its own block, once the other blocks are checked to still
+    /// hold the input (the engine must write nowhere else).
+    fn result(&mut self, rank: u16, world: u16) -> Result<Vec<u8>, String> {
+        let mut out = std::mem::take(&mut self.output);
+        if self.case.kind == Kind::ReduceScatter && self.case.in_place {
+            let block = self.case.count * self.case.dtype.size();
+            let own = usize::from(rank) * block..(usize::from(rank) + 1) * block;
+            let (before, after) = (..own.start, own.end..);
+            if out[before] != self.input[before] || out[after.clone()] != self.input[after] {
+                return Err("the in-place output changed outside the rank's own block".into());
+            }
+            out = out[own].to_vec();
+        }
+        // AVG's division by the world size is the library's last step on a result
+        // (INCCL calls the same function), not the engine's.
+        if matches!(self.case.kind, Kind::AllReduce | Kind::Reduce { .. } | Kind::ReduceScatter) {
+            finalize_native(self.case.op, self.case.dtype, &mut out, world);
+        }
+        Ok(out)
     }
 
     fn bufs(&mut self, rank: u16) -> OpBuffers<'_> {
@@ -242,15 +276,22 @@ impl HostQp {
                     }
                     Some(Ok(())) => {
                         let (_, receives) = role(&job.case, self.rank);
-                        let mut output = receives.then(|| std::mem::take(&mut job.output));
-                        // AVG's division by the world size is the library's last step on
-                        // a result (INCCL calls the same function), not the engine's.
-                        if let (Some(out), Kind::AllReduce | Kind::Reduce { .. }) =
-                            (&mut output, job.case.kind)
-                        {
-                            let world = self.engine.config().world_size;
-                            finalize_native(job.case.op, job.case.dtype, out, world);
-                        }
+                        let world = self.engine.config().world_size;
+                        let output = match receives.then(|| job.result(self.rank, world)) {
+                            None => None,
+                            Some(Ok(out)) => Some(out),
+                            Some(Err(e)) => {
+                                self.error = Some(format!(
+                                    "comm {} rank {}: collective #{} ({}) completed at t={now}ns, \
+                                     but {e}",
+                                    self.comm,
+                                    self.rank,
+                                    job.index,
+                                    job.case.describe()
+                                ));
+                                return;
+                            }
+                        };
                         let started = *started;
                         let index = job.index;
                         self.outcomes.push(Outcome { index, output, started, finished: now });
@@ -591,8 +632,38 @@ impl Node for SimNode {
 
 #[cfg(test)]
 mod tests {
+    use super::super::cases::FloatInputs;
     use super::super::plan::load_topology;
     use super::*;
+    use inc_wire::DataType;
+
+    /// Rank 1 of 3, blocks of two INT32: an out-of-place AllGather output holds the
+    /// rank's own block (the library's copy) and poison elsewhere; an out-of-place
+    /// ReduceScatter output is one block; an in-place ReduceScatter's result is its own
+    /// block, and a write outside it is an error.
+    #[test]
+    fn blockwise_buffers_are_laid_out_as_a_library_lays_them_out() {
+        let c = |kind, in_place| CollectiveCase {
+            kind,
+            op: Operator::Sum,
+            dtype: DataType::Int32,
+            count: 2,
+            in_place,
+            floats: FloatInputs::Exact,
+        };
+        let input: Vec<u8> = (0..24).collect();
+        let ag = Job::new(0, c(Kind::AllGather, false), 1, 3, input[..8].to_vec(), 0);
+        assert_eq!(ag.output[8..16], input[..8]);
+        assert!(ag.output[..8].iter().chain(&ag.output[16..]).all(|&b| b == POISON));
+        assert_eq!(ag.output.len(), 24);
+        let rs = Job::new(0, c(Kind::ReduceScatter, false), 1, 3, input.clone(), 0);
+        assert_eq!(rs.output, vec![POISON; 8]);
+        let mut rs = Job::new(0, c(Kind::ReduceScatter, true), 1, 3, input.clone(), 0);
+        assert_eq!(rs.result(1, 3), Ok(input[8..16].to_vec()));
+        let mut rs = Job::new(0, c(Kind::ReduceScatter, true), 1, 3, input, 0);
+        rs.output[23] ^= 1;
+        assert!(rs.result(1, 3).is_err());
+    }
 
     #[test]
     fn hosts_answer_arp_for_their_address_only() {

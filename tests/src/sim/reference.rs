@@ -24,6 +24,8 @@ pub fn kind_name(kind: Kind) -> String {
         Kind::Reduce { root } => format!("reduce(root {root})"),
         Kind::Broadcast { root } => format!("broadcast(root {root})"),
         Kind::Barrier => "barrier".to_string(),
+        Kind::ReduceScatter => "reducescatter".to_string(),
+        Kind::AllGather => "allgather".to_string(),
     }
 }
 
@@ -415,9 +417,22 @@ impl Tree {
     }
 }
 
+/// Block `block` of each rank's input of `n` equal blocks (ReduceScatter's operands).
+pub fn blocks(inputs: &[Vec<u8>], block: usize) -> Vec<&[u8]> {
+    let n = inputs.len();
+    inputs
+        .iter()
+        .map(|v| {
+            let len = v.len() / n;
+            &v[block * len..][..len]
+        })
+        .collect()
+}
+
 /// What each rank's output buffer must hold after the collective, the reduction folded
 /// along `tree`; `None` for ranks that receive nothing (Reduce non-roots, the Broadcast
-/// root, Barrier).
+/// root, Barrier). ReduceScatter: rank `r` gets block `r` reduced (each rank's input is
+/// `n` blocks); AllGather: every rank gets the inputs concatenated in rank order.
 pub fn expected(
     kind: Kind,
     op: Operator,
@@ -426,21 +441,29 @@ pub fn expected(
     inputs: &[Vec<u8>],
 ) -> Vec<Option<Vec<u8>>> {
     let n = inputs.len();
-    let result = || {
+    let result = |inputs: &[Vec<u8>]| {
         let mut r = tree.reduce(op, dtype, inputs);
         finish(op, dtype, &mut r, n as u16);
         r
     };
     match kind {
-        Kind::AllReduce => vec![Some(result()); n],
+        Kind::AllReduce => vec![Some(result(inputs)); n],
         Kind::Reduce { root } => {
-            let r = result();
+            let r = result(inputs);
             (0..n).map(|i| (i == usize::from(root)).then(|| r.clone())).collect()
         }
         Kind::Broadcast { root } => (0..n)
             .map(|i| (i != usize::from(root)).then(|| inputs[usize::from(root)].clone()))
             .collect(),
         Kind::Barrier => vec![None; n],
+        Kind::ReduceScatter => (0..n)
+            .map(|r| {
+                let operands: Vec<Vec<u8>> =
+                    blocks(inputs, r).into_iter().map(<[u8]>::to_vec).collect();
+                Some(result(&operands))
+            })
+            .collect(),
+        Kind::AllGather => vec![Some(inputs.concat()); n],
     }
 }
 
@@ -683,6 +706,19 @@ mod tests {
         let e = expected(Kind::Broadcast { root: 2 }, Operator::Sum, d, &tree, &ins);
         assert_eq!(e, vec![Some(ins[2].clone()), Some(ins[2].clone()), None]);
         assert_eq!(expected(Kind::Barrier, Operator::Sum, d, &tree, &ins), vec![None; 3]);
+        let all = Some(v(d, &[1.0, 2.0, 10.0, 20.0, 100.0, 200.0]));
+        assert_eq!(expected(Kind::AllGather, Operator::Sum, d, &tree, &ins), vec![all; 3]);
+        // Three blocks of 2 elements per rank: rank r gets block r reduced.
+        let ins: Vec<Vec<u8>> = (1..=3)
+            .map(|k| v(d, &[k as f64, 0.0, 10.0 * k as f64, 1.0, 100.0 * k as f64, 2.0]))
+            .collect();
+        let e = expected(Kind::ReduceScatter, Operator::Sum, d, &tree, &ins);
+        let want = [[6.0, 0.0], [60.0, 3.0], [600.0, 6.0]];
+        assert_eq!(e, want.iter().map(|w| Some(v(d, w))).collect::<Vec<_>>());
+        // AVG divides each block's sum by the world size on the host.
+        let e = expected(Kind::ReduceScatter, Operator::Avg, d, &tree, &ins);
+        let want = [[2.0, 0.0], [20.0, 1.0], [200.0, 2.0]];
+        assert_eq!(e, want.iter().map(|w| Some(v(d, w))).collect::<Vec<_>>());
     }
 
     #[test]

@@ -18,7 +18,9 @@ use super::fabric::{
 };
 use super::harness::{HostNode, Job, SimNode, SwitchNode};
 use super::plan::{compile_comms, load_topology, random_hosts, CommPlan};
-use super::reference::{check_bound, expected, first_mismatch, order_dependent, Kind, Tree};
+use super::reference::{
+    blocks, check_bound, expected, first_mismatch, order_dependent, Kind, Tree,
+};
 
 /// The collectives one communicator runs, back to back on every rank.
 #[derive(Debug, Clone)]
@@ -100,9 +102,12 @@ pub struct Report {
     pub switches: Vec<(String, SwitchCounters)>,
     /// Counters per host QP: (host name, communicator index, rank).
     pub hosts: Vec<(String, usize, u16, HostCounters)>,
+    /// Per host QP (same order as `hosts`): (collective index, start, finish) of every
+    /// collective it completed, in completion order.
+    pub completions: Vec<Vec<(usize, Nanos, Nanos)>>,
     /// Collectives verified (per communicator, not per rank).
     pub collectives: usize,
-    /// Vector bytes of all verified collectives.
+    /// Input bytes of one rank, summed over all verified collectives.
     pub bytes: u64,
     /// Frames delivered to a host with no QP of that number.
     pub unknown_qp: u64,
@@ -223,9 +228,9 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
                 let mut case = case.clone();
                 if let Some(m) = odd.filter(|m| usize::from(m.rank) == rank) {
                     case = m.case.clone();
-                    input.resize(case.count * case.dtype.size(), 0);
+                    input.resize(case.input_len(world as u16) * case.dtype.size(), 0);
                 }
-                per_rank[rank].push(Job::new(ji, case, rank as u16, input, delay));
+                per_rank[rank].push(Job::new(ji, case, rank as u16, world as u16, input, delay));
             }
         }
         for (rank, jobs) in per_rank.into_iter().enumerate() {
@@ -361,8 +366,13 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
         links: fabric.total_stats(),
         switches: Vec::new(),
         hosts: Vec::new(),
+        completions: Vec::new(),
         collectives: runs.iter().map(|r| r.cases.len()).sum(),
-        bytes: runs.iter().flat_map(|r| &r.cases).map(|c| (c.count * c.dtype.size()) as u64).sum(),
+        bytes: runs
+            .iter()
+            .flat_map(|r| r.cases.iter().map(|c| c.input_len(r.world as u16) * c.dtype.size()))
+            .map(|b| b as u64)
+            .sum(),
         unknown_qp: 0,
         host_arp_replies: 0,
         host_stale: 0,
@@ -397,6 +407,9 @@ pub fn run(s: &Scenario) -> Result<Report, String> {
                 for q in &h.qps {
                     report.host_errors.extend(q.error.iter().cloned());
                     report.hosts.push((h.name.clone(), q.comm, q.rank, q.engine.counters()));
+                    report.completions.push(
+                        q.outcomes.iter().map(|o| (o.index, o.started, o.finished)).collect(),
+                    );
                 }
             }
         }
@@ -566,7 +579,7 @@ pub fn check_counters(s: &Scenario, r: &Report) -> Result<(), String> {
 /// combine contributions in: outside deterministic float mode they are checked within a
 /// bound.
 pub fn bound_checked(case: &CollectiveCase) -> bool {
-    matches!(case.kind, Kind::AllReduce | Kind::Reduce { .. })
+    matches!(case.kind, Kind::AllReduce | Kind::Reduce { .. } | Kind::ReduceScatter)
         && matches!(case.floats, FloatInputs::Wide | FloatInputs::Normal)
         && order_dependent(case.op, case.dtype)
 }
@@ -682,10 +695,17 @@ fn verify(
                     first = Some((rank, got));
                 }
                 if let Some(inputs) = &run.inputs[ji] {
-                    if first.is_some_and(|f| f.0 != rank) {
-                        continue;
+                    // A ReduceScatter rank's result is its own block reduced, checked on
+                    // every rank; other results are the first rank's (the same on all).
+                    let refs: Vec<&[u8]> = match case.kind {
+                        Kind::ReduceScatter => blocks(inputs, rank),
+                        _ if first.is_some_and(|f| f.0 != rank) => continue,
+                        _ => inputs.iter().map(Vec::as_slice).collect(),
+                    };
+                    if got.len() != want.len() {
+                        let (g, w) = (got.len(), want.len());
+                        return Err(format!("{}: {g} bytes, expected {w}", at(rank)));
                     }
-                    let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
                     let relative = check_bound(case.op, case.dtype, &run.tree, got, &refs)
                         .map_err(|e| {
                             format!(
