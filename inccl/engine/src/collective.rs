@@ -3,7 +3,7 @@
 //! Used directly by the ibverbs transport (the NIC provides RC) and wrapped by
 //! [`HostEngine`](crate::HostEngine) for the userspace RoCEv2 transport.
 
-use inc_protocol::coll::{self, CollOp, CtrlMsg, ErrorCode, MsgKind};
+use inc_protocol::coll::{self, CollOp, CtrlMsg, ErrorCode, MsgKind, PartOf};
 use inc_wire::{reduce, IncImm, Primitive};
 
 use crate::{CollectiveKind, CollectiveSpec, HostError, OpBuffers};
@@ -96,6 +96,8 @@ struct Blocks {
     part: u16,
     /// Bytes of one block.
     block_bytes: u64,
+    /// Sequence number of part 0.
+    first_seq: u32,
 }
 
 impl Blocks {
@@ -107,6 +109,14 @@ impl Blocks {
             _ => CollectiveKind::Broadcast { root },
         };
         CollectiveSpec { kind, ..self.whole }
+    }
+
+    /// What the Start of a part says it belongs to.
+    fn part_of(&self) -> PartOf {
+        match self.whole.kind {
+            CollectiveKind::ReduceScatter => PartOf::ReduceScatter,
+            _ => PartOf::AllGather,
+        }
     }
 
     /// Byte offset of the running part's block in the send buffer.
@@ -212,7 +222,7 @@ impl HostCollective {
                     self.cfg.world_size
                 )));
             }
-            let blocks = Blocks { whole: spec, part: 0, block_bytes };
+            let blocks = Blocks { whole: spec, part: 0, block_bytes, first_seq: self.seq };
             (blocks.part_spec(), Some(blocks))
         } else {
             (spec, None)
@@ -313,6 +323,7 @@ impl HostCollective {
                 start_pos: a.start_pos,
                 chunks: a.chunks,
                 rank: self.cfg.rank,
+                part_of: a.blocks.map_or(PartOf::Whole, |b| b.part_of()),
             };
             a.start_sent = true;
             self.counters.tx_control += 1;
@@ -399,6 +410,15 @@ impl HostCollective {
             return;
         };
         if msg.seq() != a.seq {
+            // An Error for an earlier part of the running ReduceScatter or AllGather
+            // (this rank finished that part before the Error reached it) fails
+            // the whole call.
+            if let (CtrlMsg::Error { seq, .. }, Some(b)) = (msg, a.blocks) {
+                if seq.wrapping_sub(b.first_seq) < a.seq.wrapping_sub(b.first_seq) {
+                    self.fail(error_of(msg));
+                    return;
+                }
+            }
             self.counters.rx_unexpected += 1;
             return;
         }
@@ -550,7 +570,17 @@ mod tests {
         let m = c.poll_send(&bufs, &mut out).unwrap();
         assert_eq!(m.len, coll::HEADER_LEN);
         let (_, start) = CtrlMsg::parse(m.imm.unwrap(), &out).unwrap();
-        assert_eq!(start, CtrlMsg::Start { seq: 0, count, start_pos: 0, chunks: 3, rank: 0 });
+        assert_eq!(
+            start,
+            CtrlMsg::Start {
+                seq: 0,
+                count,
+                start_pos: 0,
+                chunks: 3,
+                rank: 0,
+                part_of: PartOf::Whole
+            }
+        );
         let mut chunks = Vec::new();
         while let Some(m) = c.poll_send(&bufs, &mut out) {
             chunks.push(out[..m.len].to_vec());
@@ -572,7 +602,17 @@ mod tests {
         let m = c.poll_send(&OpBuffers::None, &mut out).unwrap();
         assert_eq!(m.len, coll::HEADER_LEN);
         let (_, start, data) = CtrlMsg::parse_with_data(m.imm.unwrap(), &out[..m.len]).unwrap();
-        assert_eq!(start, CtrlMsg::Start { seq: 1, count: 0, start_pos: 3, chunks: 1, rank: 0 });
+        assert_eq!(
+            start,
+            CtrlMsg::Start {
+                seq: 1,
+                count: 0,
+                start_pos: 3,
+                chunks: 1,
+                rank: 0,
+                part_of: PartOf::Whole
+            }
+        );
         assert_eq!(data, Some(&[][..]));
         assert_eq!(c.poll_send(&OpBuffers::None, &mut out), None);
     }
@@ -593,7 +633,17 @@ mod tests {
             let mut out = vec![0u8; mtu];
             let m = c.poll_send(&bufs, &mut out).unwrap();
             let (_, start, data) = CtrlMsg::parse_with_data(m.imm.unwrap(), &out[..m.len]).unwrap();
-            assert_eq!(start, CtrlMsg::Start { seq: 0, count, start_pos: 0, chunks: 1, rank: 1 });
+            assert_eq!(
+                start,
+                CtrlMsg::Start {
+                    seq: 0,
+                    count,
+                    start_pos: 0,
+                    chunks: 1,
+                    rank: 1,
+                    part_of: PartOf::Whole
+                }
+            );
             let data = data.map(<[u8]>::to_vec);
             let chunk = if together {
                 assert_eq!(c.poll_send(&bufs, &mut out), None, "{count}: one message");

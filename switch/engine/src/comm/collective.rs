@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use inc_protocol::coll::{self, field, CollOp, CtrlMsg};
+use inc_protocol::coll::{self, field, CollOp, CtrlMsg, PartOf};
 use inc_wire::{Operator, Primitive, Psn};
 
 use super::mask::ChildMask;
@@ -19,6 +19,8 @@ pub(crate) struct StartClaim {
     pub(crate) chunks: u64,
     /// Lowest rank behind the child (names the culprit in errors).
     pub(crate) rank: u16,
+    /// Whether it is a part of a ReduceScatter or AllGather.
+    pub(crate) part_of: PartOf,
 }
 
 impl StartClaim {
@@ -66,6 +68,9 @@ impl StartClaim {
         }
         if a.start_pos != b.start_pos {
             fields |= field::START;
+        }
+        if a.part_of != b.part_of {
+            fields |= field::COLLECTIVE;
         }
         fields
     }
@@ -205,6 +210,7 @@ mod tests {
             start_pos: 40,
             chunks: coll::chunk_count(count, 4, mtu),
             rank: 3,
+            part_of: PartOf::Whole,
         }
     }
 
@@ -244,6 +250,9 @@ mod tests {
         let other_root = StartClaim { op: CollOp { root: 0, ..all.op }, ..all };
         assert_eq!(all.mismatched_fields(&other_root), 0);
         assert_eq!(all.mismatched_fields(&a), field::PRIMITIVE);
+        // A ReduceScatter's first part against the Reduce it looks like.
+        let part = StartClaim { part_of: PartOf::ReduceScatter, ..a };
+        assert_eq!(a.mismatched_fields(&part), field::COLLECTIVE);
     }
 
     fn reduce_collective() -> Collective {

@@ -35,8 +35,8 @@ impl Comm {
         }
         let from_parent = Some(conn) == self.parent;
         match msg {
-            CtrlMsg::Start { seq, count, start_pos, chunks, rank } if !from_parent => {
-                let claim = StartClaim { op, count, start_pos, chunks, rank };
+            CtrlMsg::Start { seq, count, start_pos, chunks, rank, part_of } if !from_parent => {
+                let claim = StartClaim { op, count, start_pos, chunks, rank, part_of };
                 match data {
                     None => self.on_start(conn, seq, claim, events),
                     Some(chunk) => self.on_start_with_data(conn, seq, claim, chunk, events),
@@ -229,6 +229,7 @@ impl Comm {
                 start_pos: claim.start_pos,
                 chunks: claim.chunks,
                 rank: self.lowest_rank_below,
+                part_of: claim.part_of,
             };
             self.send_control(parent, &claim.op, msg);
             if roles.chunks_from_parent > 0 {
