@@ -1,4 +1,5 @@
-"""INCCL from Python: AllReduce, Reduce, Broadcast and Barrier computed by the INC
+"""INCCL from Python: AllReduce, Reduce, Broadcast, Barrier, ReduceScatter and
+AllGather computed by the INC
 switches, with mpi4py's buffer methods.
 
     import numpy as np, inccl
@@ -8,6 +9,9 @@ switches, with mpi4py's buffer methods.
     comm.Reduce(send, recv, op=inccl.MAX, root=0)
     comm.Bcast(buf, root=0)
     comm.Barrier()
+    comm.Reduce_scatter_block(send, recv, op=inccl.SUM)  # send: size blocks of len(recv)
+    comm.Allgather(send, recv)                           # recv: size blocks of len(send)
+    req = comm.Iallreduce(send, recv); req.Test(); req.Wait()
     comm.destroy(); group.destroy()           # or use both as context managers
 
 Everything is implemented in Rust (``inccl._inccl``); see ``_inccl.pyi`` for the API.
@@ -19,6 +23,7 @@ from ._inccl import __version__  # noqa: F401
 __all__ = [
     "Group",
     "Communicator",
+    "Request",
     "Op",
     "InPlace",
     "IN_PLACE",

@@ -116,9 +116,34 @@ class Communicator:
         the root reduces in recv, the others send their recv."""
     def Bcast(self, buf: Buffer, root: int = 0, *, dtype: _DType | None = None) -> None:
         """Broadcast `buf` from `root` to every rank, in place."""
+    def Reduce_scatter_block(
+        self,
+        send: Buffer | InPlace,
+        recv: Buffer,
+        op: _OpLike = ...,
+        *,
+        dtype: _DType | None = None,
+    ) -> None:
+        """`send` holds size blocks of len(recv) elements; recv receives the reduction
+        of block `rank`. send=inccl.IN_PLACE: recv holds the blocks, its first block
+        receives the result."""
+    def Allgather(self, send: Buffer | InPlace, recv: Buffer, *, dtype: _DType | None = None) -> None:
+        """recv (size blocks of len(send) elements) receives block r from rank r.
+        send=inccl.IN_PLACE: this rank's block of recv holds its input."""
+    def Iallreduce(
+        self,
+        send: Buffer | InPlace,
+        recv: Buffer,
+        op: _OpLike = ...,
+        *,
+        dtype: _DType | None = None,
+    ) -> Request:
+        """Start an AllReduce and return at once; do not touch the buffers until the
+        request completed. Requests run in start order."""
     def Barrier(self) -> None: ...
     def destroy(self) -> None:
-        """Destroy the communicator (collective). Idempotent."""
+        """Destroy the communicator (collective). Idempotent. Raises
+        InvalidArgumentError while requests are not waited for."""
     def __enter__(self) -> Self: ...
     def __exit__(
         self,
@@ -126,6 +151,13 @@ class Communicator:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool: ...
+
+class Request:
+    """A started non-blocking collective; it keeps its buffers alive."""
+    def Test(self) -> bool:
+        """True when complete (Wait then returns at once)."""
+    def Wait(self) -> None:
+        """Wait (GIL released, Ctrl-C interrupts) and raise the collective's error."""
 
 class Error(Exception):
     """Base class of every error INCCL reports; the message is INCCL's."""

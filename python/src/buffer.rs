@@ -156,6 +156,15 @@ impl Buffer {
     }
 }
 
+// Safety: a view is plain data (pointers into memory its exporter keeps alive until
+// the release); it is released with the GIL held whichever thread drops it (Drop
+// below), and `bytes_mut` needs `&mut self`, so moving or sharing it between threads
+// adds no unsynchronised access. A `Request` keeps its views while the progress thread
+// runs the collective.
+unsafe impl Send for Buffer {}
+// Safety: as for Send; `&Buffer` only reads the view's fields.
+unsafe impl Sync for Buffer {}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         // Safety: the view was filled by PyObject_GetBuffer and is released once, with

@@ -143,6 +143,31 @@ fn pair(send: &Buffer, recv: &Buffer) -> PyResult<()> {
     Ok(())
 }
 
+/// Send and receive buffers of a blockwise collective: the same type, and `whole`
+/// (named `whole_arg`) holding `size` blocks of `block`'s length.
+fn blocks(block: &Buffer, whole: &Buffer, whole_arg: &str, size: u16) -> PyResult<()> {
+    if block.dtype() != whole.dtype() {
+        return Err(PyTypeError::new_err(format!(
+            "recv: datatype {} does not match send's {}",
+            whole.dtype(),
+            block.dtype()
+        )));
+    }
+    if whole.len() != block.len() * usize::from(size) {
+        return Err(PyValueError::new_err(format!(
+            "{whole_arg}: {} elements, expected {size} blocks (the size) of {}",
+            whole.count(),
+            block.count()
+        )));
+    }
+    if overlap(block, whole) {
+        return Err(PyValueError::new_err(
+            "send and recv overlap (pass inccl.IN_PLACE as send for the in-place form)",
+        ));
+    }
+    Ok(())
+}
+
 /// A set of ranks that know each other: `Group(world_size, rank, master_addr)`.
 ///
 /// Creation is collective: every rank calls it with the same world size and master
@@ -463,6 +488,100 @@ impl PyComm {
         self.run(py, move |c| c.broadcast_bytes(bytes, dt, root))
     }
 
+    /// ReduceScatter: `send` holds `size` blocks of `len(recv)` elements; `recv`
+    /// receives the reduction (`op`, default SUM) of block `rank`, computed by the
+    /// switches. `send=inccl.IN_PLACE`: `recv` holds the `size` blocks and its first
+    /// block receives the result (mpi4py's `Reduce_scatter_block`).
+    #[pyo3(name = "Reduce_scatter_block", signature = (send, recv, op = None, *, dtype = None))]
+    fn reduce_scatter_block(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        op: Option<&Bound<'_, PyAny>>,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (op, dtype) = (parse_op(op)?, parse_dtype(dtype)?);
+        let mut r = Buffer::get(recv, "recv", true, dtype)?;
+        let dt = r.dtype();
+        check_op(op, dt)?;
+        let Some(s) = send_buffer(send, dtype)? else {
+            let n = usize::from(self.size);
+            if r.count() % n != 0 {
+                return Err(PyValueError::new_err(format!(
+                    "recv: {} elements are not {n} blocks (the size)",
+                    r.count()
+                )));
+            }
+            let (block, at) = (r.len() / n, usize::from(self.rank) * (r.len() / n));
+            let buf = r.bytes_mut();
+            return self.run(py, move |c| {
+                c.reduce_scatter_bytes_in_place(buf, dt, op)?;
+                buf.copy_within(at..at + block, 0);
+                Ok(())
+            });
+        };
+        blocks(&r, &s, "send", self.size)?;
+        let (src, dst) = (s.bytes(), r.bytes_mut());
+        self.run(py, move |c| c.reduce_scatter_bytes(src, dst, dt, op))
+    }
+
+    /// AllGather: `recv` (`size` blocks of `len(send)` elements) receives block `r`
+    /// from rank `r`, replicated by the switches. `send=inccl.IN_PLACE`: this rank's
+    /// block of `recv` holds its input.
+    #[pyo3(name = "Allgather", signature = (send, recv, *, dtype = None))]
+    fn allgather(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let dtype = parse_dtype(dtype)?;
+        let mut r = Buffer::get(recv, "recv", true, dtype)?;
+        let dt = r.dtype();
+        let Some(s) = send_buffer(send, dtype)? else {
+            let buf = r.bytes_mut();
+            return self.run(py, move |c| c.allgather_bytes_in_place(buf, dt));
+        };
+        blocks(&s, &r, "recv", self.size)?;
+        let (src, dst) = (s.bytes(), r.bytes_mut());
+        self.run(py, move |c| c.allgather_bytes(src, dst, dt))
+    }
+
+    /// Starts an AllReduce as `Allreduce` does and returns at once: an
+    /// `inccl.Request` whose `Wait()` returns when it completed. The buffers must not
+    /// be touched until then (the request keeps them alive). Requests run in start
+    /// order; start them in the same order on every rank.
+    #[pyo3(name = "Iallreduce", signature = (send, recv, op = None, *, dtype = None))]
+    fn iallreduce(
+        &self,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        op: Option<&Bound<'_, PyAny>>,
+        dtype: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyRequest> {
+        let py = send.py();
+        let (op, dtype) = (parse_op(op)?, parse_dtype(dtype)?);
+        let s = send_buffer(send, dtype)?;
+        let mut r = Buffer::get(recv, "recv", true, dtype)?;
+        let dt = r.dtype();
+        if let Some(s) = &s {
+            pair(s, &r)?;
+        }
+        check_op(op, dt)?;
+        let src = s.as_ref().filter(|s| s.addr() != r.addr()).map(Buffer::bytes);
+        let guard = lock(&self.inner);
+        let comm = guard.as_ref().ok_or_else(|| {
+            errors::to_py(py, inccl::Error::Unusable("communicator", "it was destroyed".into()))
+        })?;
+        // Safety: the request owns both buffer views (so the exporters keep the memory)
+        // until it completed: its Wait or Drop waits for the collective.
+        let req = unsafe { comm.iallreduce_bytes_unscoped(src, r.bytes_mut(), dt, op) }
+            .map_err(|e| errors::to_py(py, e))?;
+        Ok(PyRequest { inner: Mutex::new(Some((req, s, r))) })
+    }
+
     /// Barrier through the switches.
     #[pyo3(name = "Barrier")]
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
@@ -472,7 +591,13 @@ impl PyComm {
     /// Destroy the communicator (collective; rank 0 removes its rules from the
     /// switches). Later calls raise `inccl.UnusableError`; destroying twice does nothing.
     fn destroy(&self, py: Python<'_>) -> PyResult<()> {
-        let Some(c) = lock(&self.inner).take() else { return Ok(()) };
+        let mut guard = lock(&self.inner);
+        if let Some(n) = guard.as_ref().map(Communicator::pending_requests).filter(|n| *n > 0) {
+            let why = format!("{n} requests are not waited for yet; Wait() them first");
+            return Err(errors::to_py(py, inccl::Error::InvalidArgument(why)));
+        }
+        let Some(c) = guard.take() else { return Ok(()) };
+        drop(guard);
         py.detach(|| c.destroy()).map_err(|e| errors::to_py(py, e))
     }
 
@@ -498,6 +623,75 @@ impl PyComm {
     }
 }
 
+/// A started non-blocking collective (`Communicator.Iallreduce`).
+#[pyclass(module = "inccl", name = "Request", frozen)]
+struct PyRequest {
+    /// The request and the buffer views it uses; `None` once waited for.
+    inner: Mutex<Option<(inccl::UnscopedRequest, Option<Buffer>, Buffer)>>,
+}
+
+impl std::fmt::Debug for PyRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("waited", &lock(&self.inner).is_none()).finish()
+    }
+}
+
+/// How long a `Wait` sleeps between looks at pending signals (Ctrl-C).
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+#[pymethods]
+impl PyRequest {
+    /// True when the collective completed (then `Wait()` returns at once). A request
+    /// already waited for counts as completed.
+    #[pyo3(name = "Test")]
+    fn test(&self, py: Python<'_>) -> PyResult<bool> {
+        match lock(&self.inner).as_ref() {
+            Some((req, ..)) => req.test().map_err(|e| errors::to_py(py, e)),
+            None => Ok(true),
+        }
+    }
+
+    /// Waits for the collective (GIL released) and raises its error, if any. Ctrl-C
+    /// interrupts the wait (the collective keeps running; `Wait()` again to finish).
+    /// Waiting again after it returned does nothing.
+    #[pyo3(name = "Wait")]
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        loop {
+            let outcome = {
+                let guard = lock(&self.inner);
+                let Some((req, ..)) = guard.as_ref() else { return Ok(()) };
+                py.detach(|| req.wait_timeout(SIGNAL_POLL))
+            };
+            if let Some(r) = outcome {
+                // Collected: the views can go.
+                lock(&self.inner).take();
+                return r.map_err(|e| errors::to_py(py, e));
+            }
+            py.check_signals()?;
+        }
+    }
+
+    fn __repr__(&self) -> &'static str {
+        if lock(&self.inner).is_some() {
+            "inccl.Request(pending)"
+        } else {
+            "inccl.Request(done)"
+        }
+    }
+}
+
+impl Drop for PyRequest {
+    fn drop(&mut self) {
+        // The buffer views must outlive the collective: wait (bounded by the
+        // communicator's op timeout per queued collective) before releasing them. The
+        // outcome of a request nobody waited for is not reported, as in mpi4py.
+        if let Some((req, send, recv)) = lock(&self.inner).take() {
+            let _ = req.wait();
+            drop((send, recv));
+        }
+    }
+}
+
 /// `__exit__`'s answer after destroying: the destroy's error only if the `with` block
 /// itself did not raise (its exception wins); never swallows the block's exception.
 fn exit_with(destroyed: PyResult<()>, exc_type: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
@@ -513,6 +707,7 @@ fn _inccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyGroup>()?;
     m.add_class::<PyComm>()?;
+    m.add_class::<PyRequest>()?;
     m.add_class::<Op>()?;
     m.add_class::<InPlace>()?;
     m.add("IN_PLACE", InPlace)?;

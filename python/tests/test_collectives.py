@@ -162,6 +162,56 @@ def test_bcast_every_dtype_and_root(fabric):
     fabric.run(_bcast)
 
 
+def _blockwise(rank, world, master):
+    b = 1001  # elements per block
+    with inccl.Group(world, rank, master) as group, group.communicator() as comm:
+        for dtype in DTYPES:
+            for op in OPS:
+                if not applies(op, dtype):
+                    continue
+                send = data(rank, dtype, world * b)
+                want = expected(op, dtype, world, world * b)[rank * b:(rank + 1) * b]
+                recv = np.zeros(b, dtype=dtype)
+                comm.Reduce_scatter_block(send, recv, op=op)
+                np.testing.assert_array_equal(recv, want, err_msg=f"{np.dtype(dtype)} {op}")
+                buf = send.copy()
+                comm.Reduce_scatter_block(inccl.IN_PLACE, buf, op=op)
+                np.testing.assert_array_equal(buf[:b], want)  # mpi4py: the first block
+            mine = data(rank, dtype, b)
+            every = np.concatenate([data(r, dtype, b) for r in range(world)])
+            recv = np.zeros(world * b, dtype=dtype)
+            comm.Allgather(mine, recv)
+            np.testing.assert_array_equal(recv, every, err_msg=f"{np.dtype(dtype)}")
+            buf = np.zeros(world * b, dtype=dtype)
+            buf[rank * b:(rank + 1) * b] = mine
+            comm.Allgather(inccl.IN_PLACE, buf)
+            np.testing.assert_array_equal(buf, every)
+        with pytest.raises(ValueError, match="blocks"):
+            comm.Allgather(mine, np.zeros(3 * b, dtype=mine.dtype))
+        # Eight in flight, then a blocking call keeps the order.
+        sends = [data(rank + k, np.float32) for k in range(8)]
+        recvs = [np.zeros(N, dtype=np.float32) for _ in range(8)]
+        reqs = [comm.Iallreduce(s, r, op=inccl.MAX) for s, r in zip(sends, recvs)]
+        reqs[-1].Wait()
+        assert all(r.Test() for r in reqs)
+        for r in reqs:
+            r.Wait()
+            r.Wait()  # again: nothing
+        for k in range(8):
+            want = np.stack([data(q + k, np.float32) for q in range(world)]).max(axis=0)
+            np.testing.assert_array_equal(recvs[k], want)
+        pending = comm.Iallreduce(inccl.IN_PLACE, recvs[0])
+        with pytest.raises(inccl.InvalidArgumentError, match="not waited for"):
+            comm.destroy()
+        pending.Wait()
+        comm.Barrier()
+    return True
+
+
+def test_reduce_scatter_allgather_and_iallreduce(fabric):
+    fabric.run(_blockwise)
+
+
 def _bfloat16(rank, world, master):
     # numpy has no bfloat16: its bits in a uint16 array, tagged with dtype=.
     def bf16(x: np.ndarray) -> np.ndarray:
