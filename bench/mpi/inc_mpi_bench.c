@@ -1,8 +1,16 @@
-/* inc_mpi_bench.c - the host-based reference of inc-bench: MPI_Allreduce or MPI_Barrier
- * with one rank per emulated host, timed and checked like the INCCL host programs
- * (hosts/src/lib.rs), so the two are comparable row by row.
+/* inc_mpi_bench.c - the host-based reference of inc-bench: MPI_Allreduce,
+ * MPI_Reduce_scatter_block, MPI_Allgather or MPI_Barrier with one rank per emulated host,
+ * timed and checked like the INCCL host programs (hosts/src/lib.rs, and inc-bench-rank
+ * for ReduceScatter and AllGather, whose inputs are this program's), so the two are
+ * comparable row by row.
  *
- *   inc_mpi_bench -k allreduce|barrier [-d TYPE] [-o OP] -s BYTES:WARMUP:ITERS[,...]
+ *   inc_mpi_bench -k allreduce|reducescatter|allgather|barrier [-d TYPE] [-o OP]
+ *                 -s BYTES:WARMUP:ITERS[,...]
+ *
+ * BYTES: the vector; for reducescatter and allgather S, the whole vector of n blocks
+ * (reducescatter's input, allgather's output), rounded down to n blocks of whole
+ * elements (the row reports the bytes used). Element i of the whole vector is input i;
+ * allgather's rank r contributes block r of rank r's input.
  *
  * TYPE: int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 float32 float64 (the
  * matching MPI type; float16 and bfloat16, which Open MPI lacks, are 16-bit words
@@ -15,7 +23,8 @@
  *         against a fold of every rank's input in rank order.
  * Timing: iterations run back to back; each rank times each call; the reported time of
  *         an iteration is the maximum over ranks (MPI_Reduce MAX afterwards).
- * Output (rank 0), one pair of lines per size:
+ * Output (rank 0), one pair of lines per size (count: per block for reducescatter and
+ * allgather):
  *   row <kind> <dtype> <bytes> <count> <warmup> <iters> <wrong-elements>
  *   times <bytes> <us> <us> ...
  * Exit status 2 if any element was wrong.
@@ -239,11 +248,13 @@ int main(int argc, char **argv) {
         case 'd': dname = optarg; break;
         case 'o': oname = optarg; break;
         case 's': sizes = optarg; break;
-        default: die("usage: -k allreduce|barrier [-d TYPE] [-o OP] -s BYTES:WARMUP:ITERS[,...]");
+        default: die("usage: -k allreduce|reducescatter|allgather|barrier [-d TYPE] [-o OP] -s BYTES:WARMUP:ITERS[,...]");
         }
     }
     int barrier = strcmp(kind, "barrier") == 0;
-    if (!barrier && strcmp(kind, "allreduce") != 0) die("-k must be allreduce or barrier");
+    int rs = strcmp(kind, "reducescatter") == 0, ag = strcmp(kind, "allgather") == 0;
+    if (!barrier && !rs && !ag && strcmp(kind, "allreduce") != 0)
+        die("-k must be allreduce, reducescatter, allgather or barrier");
     const struct dtype *t = NULL;
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
         if (strcmp(types[k].name, dname) == 0) t = &types[k];
@@ -274,17 +285,33 @@ int main(int argc, char **argv) {
         int warmup, iters;
         if (sscanf(tok, "%llu:%d:%d", &bytes, &warmup, &iters) != 3 || iters < 1 || warmup < 0)
             die("bad -s entry (BYTES:WARMUP:ITERS)");
+        /* count: elements per call (per block for reducescatter and allgather); the
+         * input and the result hold in_count and out_count elements. */
         size_t count = barrier ? 0 : (size_t)(bytes / t->size);
-        size_t alloc = (count ? count : 1) * t->size;
-        unsigned char *in = malloc(alloc), *out = malloc(alloc), *want = malloc(alloc);
+        if (rs || ag) {
+            count /= (size_t)n;
+            if (count == 0) die("-s: fewer bytes than one element per rank");
+            bytes = (unsigned long long)count * n * t->size;
+        }
+        size_t in_count = ag ? count : rs ? count * n : count;
+        size_t out_count = rs ? count : ag ? count * n : count;
+        size_t in_alloc = (in_count ? in_count : 1) * t->size;
+        size_t alloc = (out_count ? out_count : 1) * t->size;
+        unsigned char *in = malloc(in_alloc), *out = malloc(alloc), *want = malloc(alloc);
         double *tm = malloc(sizeof(double) * iters), *tmax = malloc(sizeof(double) * iters);
         if (!in || !out || !want || !tm || !tmax) die("out of memory");
-        for (size_t i = 0; i < count; i++) {
-            store(t, in + i * t->size, input(t, op, i, rank));
+        size_t first = ag ? (size_t)rank * count : 0; /* index of in[0] in the whole vector */
+        for (size_t i = 0; i < in_count; i++) store(t, in + i * t->size, input(t, op, first + i, rank));
+        for (size_t j = 0; j < out_count; j++) {
+            if (ag) { /* block j / count comes from rank j / count's input */
+                store(t, want + j * t->size, input(t, op, j, (int)(j / count)));
+                continue;
+            }
+            size_t i = rs ? (size_t)rank * count + j : j;
             value acc = input(t, op, i, 0);
             for (int r = 1; r < n; r++) acc = combine(t, op, acc, input(t, op, i, r));
             if (op == AVG) acc = average(t, acc, n);
-            store(t, want + i * t->size, acc);
+            store(t, want + j * t->size, acc);
         }
         long wrong = 0;
         for (int it = 0; it < warmup + iters; it++) {
@@ -292,13 +319,18 @@ int main(int argc, char **argv) {
             double t0 = MPI_Wtime();
             if (barrier) {
                 MPI_Barrier(MPI_COMM_WORLD);
+            } else if (ag) {
+                MPI_Allgather(in, (int)count, t->mpi, out, (int)count, t->mpi, MPI_COMM_WORLD);
             } else {
-                MPI_Allreduce(in, out, (int)count, t->mpi, mpi_op, MPI_COMM_WORLD);
+                if (rs)
+                    MPI_Reduce_scatter_block(in, out, (int)count, t->mpi, mpi_op, MPI_COMM_WORLD);
+                else
+                    MPI_Allreduce(in, out, (int)count, t->mpi, mpi_op, MPI_COMM_WORLD);
                 if (op == AVG) divide_all(t, out, count, n);
             }
             double dt = MPI_Wtime() - t0;
             if (it >= warmup) tm[it - warmup] = dt;
-            for (size_t i = 0; i < count; i++) {
+            for (size_t i = 0; i < out_count; i++) {
                 if (memcmp(out + i * t->size, want + i * t->size, t->size) == 0) continue;
                 if (wrong == 0) {
                     uint64_t g = 0, w = 0;

@@ -18,7 +18,11 @@ pub struct Args {
     /// binary does not support).
     #[arg(long, value_delimiter = ',', default_value = "af_packet,pcap,af_xdp,dpdk")]
     pub backends: Vec<String>,
-    /// Collectives: allreduce, reduce, broadcast.
+    /// Collectives of the size sweep: allreduce, reduce, broadcast, reducescatter,
+    /// allgather (for ReduceScatter and AllGather the size is S, the whole vector of
+    /// world-size blocks: ReduceScatter's input, AllGather's output, rounded down to
+    /// whole blocks of whole elements). `overlap` adds the overlap measurement (see
+    /// --overlap-size) on every backend in every round.
     #[arg(long, value_delimiter = ',', default_value = "allreduce")]
     pub collectives: Vec<String>,
     /// Datatypes, any rows of INCCL's table: int8, uint8, int32, uint32, int64, uint64,
@@ -92,6 +96,21 @@ pub struct Args {
     /// references (MPI), off for pcap, af_xdp and dpdk; `on` / `off`: for all.
     #[arg(long, value_enum, default_value_t = HostTxOffload::Auto)]
     pub host_tx_offload: HostTxOffload,
+    /// Overlap measurement (`--collectives ...,overlap`), int32 sum AllReduces of this
+    /// size: --overlap-requests of them started back to back as non-blocking calls and
+    /// waited for, against the same issued blocking one after another; and one of them
+    /// running while the host computes for about as long (a busy loop calibrated to it),
+    /// against the compute alone and the collective alone.
+    #[arg(long, default_value = "8M")]
+    pub overlap_size: String,
+    /// AllReduces per batch of the overlap measurement.
+    #[arg(long, default_value_t = 8)]
+    pub overlap_requests: u32,
+    /// Timed repetitions of the overlap measurement per backend and round (each one
+    /// runs every part once; the order of the blocking and non-blocking batches
+    /// alternates).
+    #[arg(long, default_value_t = 5)]
+    pub overlap_iters: u32,
     /// Record a `perf` profile of the switch process and of rank 0 during this message size
     /// (first backend, first round), e.g. 64M.
     #[arg(long)]
@@ -110,6 +129,14 @@ pub enum Coll {
     Broadcast,
     /// Barrier (latency only).
     Barrier,
+    /// ReduceScatter (MPI's `Reduce_scatter_block`); size = S, the whole input vector.
+    #[serde(rename = "reducescatter")]
+    ReduceScatter,
+    /// AllGather; size = S, the whole output vector.
+    #[serde(rename = "allgather")]
+    AllGather,
+    /// The overlap measurement (non-blocking batches, compute during a collective).
+    Overlap,
 }
 
 impl Coll {
@@ -120,15 +147,51 @@ impl Coll {
             Coll::Reduce => "reduce",
             Coll::Broadcast => "broadcast",
             Coll::Barrier => "barrier",
+            Coll::ReduceScatter => "reducescatter",
+            Coll::AllGather => "allgather",
+            Coll::Overlap => "overlap",
         }
     }
 
-    /// nccl-tests bus bandwidth factor for `n` ranks.
+    /// nccl-tests bus bandwidth factor for `n` ranks (ReduceScatter and AllGather with
+    /// algbw = S / time, S the whole vector).
     pub fn bus_factor(self, n: usize) -> f64 {
         match self {
             Coll::AllReduce => 2.0 * (n as f64 - 1.0) / n as f64,
+            Coll::ReduceScatter | Coll::AllGather => (n as f64 - 1.0) / n as f64,
             _ => 1.0,
         }
+    }
+
+    /// Whether the message size is S, the whole vector of world-size blocks.
+    pub fn blocked(self) -> bool {
+        matches!(self, Coll::ReduceScatter | Coll::AllGather)
+    }
+
+    /// The host program (in --bin-dir) and the arguments that select the collective:
+    /// the inccl-* programs of hosts/, or this crate's inc-bench-rank for the
+    /// collectives those do not run.
+    pub fn program(self) -> (String, Vec<String>) {
+        match self {
+            Coll::ReduceScatter | Coll::AllGather | Coll::Overlap => {
+                ("inc-bench-rank".into(), vec!["--collective".into(), self.name().into()])
+            }
+            _ => (format!("inccl-{}", self.name()), vec![]),
+        }
+    }
+
+    /// Elements per rank's call for a message of `bytes` of `dtype` on `world` ranks:
+    /// the whole message, or for ReduceScatter and AllGather one block (S rounded down
+    /// to world-size blocks of whole elements). None if not even one element fits.
+    pub fn count(self, dtype: &str, bytes: u64, world: usize) -> Option<u64> {
+        let unit = elem_size(dtype) * if self.blocked() { world as u64 } else { 1 };
+        (bytes >= unit && (self.blocked() || bytes % unit == 0)).then_some(bytes / unit)
+    }
+
+    /// The message size of `count` elements of `dtype` per call (inverse of
+    /// [`Coll::count`]).
+    pub fn bytes(self, dtype: &str, count: u64, world: usize) -> u64 {
+        count * elem_size(dtype) * if self.blocked() { world as u64 } else { 1 }
     }
 
     fn parse(s: &str) -> anyhow::Result<Coll> {
@@ -136,7 +199,13 @@ impl Coll {
             "allreduce" => Coll::AllReduce,
             "reduce" => Coll::Reduce,
             "broadcast" => Coll::Broadcast,
-            _ => bail!("unknown collective `{s}` in --collectives (allreduce, reduce, broadcast)"),
+            "reducescatter" | "reduce_scatter" => Coll::ReduceScatter,
+            "allgather" => Coll::AllGather,
+            "overlap" => Coll::Overlap,
+            _ => bail!(
+                "unknown collective `{s}` in --collectives (allreduce, reduce, broadcast, \
+                 reducescatter, allgather, overlap)"
+            ),
         })
     }
 }
@@ -148,6 +217,14 @@ pub struct Config {
     pub backends: Vec<String>,
     /// Collectives of the size sweep.
     pub collectives: Vec<Coll>,
+    /// Run the overlap measurement.
+    pub overlap: bool,
+    /// Bytes of each AllReduce of the overlap measurement.
+    pub overlap_size: u64,
+    /// AllReduces per batch.
+    pub overlap_requests: u32,
+    /// Timed repetitions of the overlap measurement.
+    pub overlap_iters: u32,
     /// Datatypes (names of INCCL's table).
     pub dtypes: Vec<String>,
     /// Reduction operator.
@@ -250,11 +327,6 @@ pub fn elem_size(dtype: &str) -> u64 {
     dtype.parse::<inc_wire::DataType>().map_or(4, |d| d.size() as u64)
 }
 
-/// Whether `bytes` is a whole, non-zero number of `dtype` elements.
-pub fn fits(dtype: &str, bytes: u64) -> bool {
-    bytes >= elem_size(dtype) && bytes % elem_size(dtype) == 0
-}
-
 /// Iterations and warm-up iterations for a message of `bytes`.
 pub fn iterations(cfg: &Config, bytes: u64) -> (u32, u32) {
     let fit = cfg.cap / bytes.max(1);
@@ -265,8 +337,11 @@ pub fn iterations(cfg: &Config, bytes: u64) -> (u32, u32) {
 impl Config {
     /// Resolve and check the arguments.
     pub fn from_args(a: &Args) -> anyhow::Result<Config> {
-        let collectives =
+        let mut collectives: Vec<Coll> =
             a.collectives.iter().map(|c| Coll::parse(c.trim())).collect::<anyhow::Result<_>>()?;
+        let overlap = collectives.contains(&Coll::Overlap);
+        collectives.retain(|c| *c != Coll::Overlap);
+        collectives.dedup();
         if a.op == inc_wire::Operator::Barrier {
             bail!("--op barrier is not a reduction (sum, max, min, prod, avg, band, bor, bxor)");
         }
@@ -298,9 +373,21 @@ impl Config {
             sizes.push(s);
             s = s.saturating_mul(a.factor);
         }
+        let (overlap_size, overlap_iters) = if a.quick {
+            (64 << 10, 3)
+        } else {
+            (parse_size(&a.overlap_size)?, a.overlap_iters.max(1))
+        };
+        if overlap && (overlap_size < 4 || overlap_size % 4 != 0 || a.overlap_requests == 0) {
+            bail!("--overlap-size must be a multiple of 4 bytes and --overlap-requests at least 1");
+        }
         Ok(Config {
             backends: a.backends.iter().map(|b| b.trim().replace('-', "_")).collect(),
             collectives,
+            overlap,
+            overlap_size,
+            overlap_requests: a.overlap_requests,
+            overlap_iters,
             dtypes: a.dtypes.iter().map(|d| d.to_string()).collect(),
             op: a.op.to_string(),
             sizes,

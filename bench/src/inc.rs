@@ -13,7 +13,7 @@ use inc_controller::auth::TOKEN_ENV;
 use inc_controller::{Credentials, Role};
 use serde_json::Value;
 
-use crate::cli::{elem_size, Coll};
+use crate::cli::Coll;
 use crate::model::{Measurement, SwitchDelta, SwitchSample};
 use crate::netns::{host_counters, Plan};
 use crate::procs::{check_interrupted, cpu_seconds, in_ns, rss_bytes, tail, wait_until, Proc};
@@ -237,7 +237,7 @@ pub struct RunSpec {
     pub dtype: String,
     /// Operator name.
     pub op: String,
-    /// Elements per rank.
+    /// Elements per rank's call (ReduceScatter, AllGather: per block).
     pub count: u64,
     /// Warm-up iterations.
     pub warmup: u32,
@@ -247,6 +247,29 @@ pub struct RunSpec {
     pub master_port: u16,
     /// Profile the switch and rank 0 with perf into this directory.
     pub perf_dir: Option<PathBuf>,
+    /// Further arguments of the host program (e.g. the overlap's `--requests 8`).
+    pub extra: Vec<String>,
+}
+
+impl RunSpec {
+    /// Bytes the ranks move in all, for the time budget: the message per iteration, for
+    /// the overlap measurement every part of it (two batches of `--requests`, the
+    /// collective alone and overlapped, the compute alone about as long as one) and
+    /// its calibration.
+    fn budget_bytes(&self, bytes: u64) -> f64 {
+        let per_iter = if self.coll == Coll::Overlap {
+            let requests = self
+                .extra
+                .iter()
+                .position(|a| a == "--requests")
+                .and_then(|i| self.extra.get(i + 1)?.parse::<u64>().ok())
+                .unwrap_or(8);
+            bytes * (2 * requests + 3)
+        } else {
+            bytes
+        };
+        per_iter as f64 * f64::from(self.warmup + self.iters + 2)
+    }
 }
 
 /// Parsed output of one rank.
@@ -254,12 +277,29 @@ pub struct RunSpec {
 struct RankOut {
     pass: Option<bool>,
     times: Option<Vec<f64>>,
+    /// Times of named parts (inc-bench-rank's overlap measurement), printed before the
+    /// result line.
+    parts: BTreeMap<String, Vec<f64>>,
+}
+
+impl RankOut {
+    fn complete(&self) -> bool {
+        self.pass.is_some() && (self.times.is_some() || !self.parts.is_empty())
+    }
 }
 
 fn parse_line(line: &str, r: &mut RankOut) {
-    if let Some(rest) = line.strip_prefix("#  iter_us rank=") {
+    let list = |rest: &str| -> Vec<f64> {
         let list = rest.split_once(':').map_or("", |(_, l)| l);
-        r.times = Some(list.split_whitespace().filter_map(|t| t.parse().ok()).collect());
+        list.split_whitespace().filter_map(|t| t.parse().ok()).collect()
+    };
+    if let Some(rest) = line.strip_prefix("#  iter_us rank=") {
+        r.times = Some(list(rest));
+    } else if let Some(rest) = line.strip_prefix("#  part_us rank=") {
+        let name = rest.split_once(" part=").and_then(|(_, p)| p.split_once(':'));
+        if let Some((name, _)) = name {
+            r.parts.insert(name.to_string(), list(rest));
+        }
     } else if !line.starts_with('#') {
         match line.split_whitespace().last() {
             Some("PASS") => r.pass = Some(true),
@@ -279,8 +319,13 @@ pub fn run_hosts(
     system: &str,
 ) -> anyhow::Result<Measurement> {
     let world = plan.hosts.len();
-    let bytes = if spec.coll == Coll::Barrier { 0 } else { spec.count * elem_size(&spec.dtype) };
-    let program = bins.join(format!("inccl-{}", spec.coll.name()));
+    let bytes = match spec.coll {
+        Coll::Barrier => 0,
+        Coll::Overlap => spec.count * 4,
+        c => c.bytes(&spec.dtype, spec.count, world),
+    };
+    let (program, select) = spec.coll.program();
+    let program = bins.join(program);
     let master = format!("{}:{}", plan.hosts[0].mgmt, spec.master_port);
     let tag = format!("{system}-{}-{}-{bytes}", spec.coll.name(), spec.dtype);
     let before_sw = fabric.snapshot()?;
@@ -295,6 +340,8 @@ pub fn run_hosts(
             .args(["--dtype", &spec.dtype, "--op", &spec.op, "--root", "0"])
             .args(["--iters", &spec.iters.to_string(), "--warmup", &spec.warmup.to_string()])
             .args(["--print-times", "--wait-stdin"])
+            .args(&select)
+            .args(&spec.extra)
             .env("INCCL_CONTROLLER", &plan.ctrl_addr)
             .env("INCCL_IFACE", &h.ifname)
             .env(TOKEN_ENV, fabric.creds.token(Role::Host))
@@ -318,13 +365,11 @@ pub fn run_hosts(
         Some(dir) => Some(crate::perf::Profile::start(dir, fabric.switch.pid(), ranks[0].pid())?),
         None => None,
     };
-    let budget = 60.0
-        + (bytes as f64 * f64::from(spec.warmup + spec.iters)) / 5e6
-        + f64::from(spec.warmup + spec.iters) * 0.05;
+    let budget = 60.0 + spec.budget_bytes(bytes) / 5e6 + f64::from(spec.warmup + spec.iters) * 0.05;
     let deadline = start + Duration::from_secs_f64(budget);
     let mut outs: Vec<RankOut> = (0..world).map(|_| RankOut::default()).collect();
     let mut transcript: Vec<Vec<String>> = vec![Vec::new(); world];
-    let complete = |o: &RankOut| o.pass.is_some() && o.times.is_some();
+    let complete = |o: &RankOut| o.complete();
     let mut failure = None;
     while !outs.iter().all(complete) {
         check_interrupted()?;
@@ -390,6 +435,14 @@ pub fn run_hosts(
             format!("FAIL: {why}; {}", errs.join(" | ").replace('\n', " "))
         }
     };
+    let mut parts = BTreeMap::new();
+    if let Some(first) = outs.first() {
+        for name in first.parts.keys() {
+            let per_rank: Vec<Vec<f64>> =
+                outs.iter().map(|o| o.parts.get(name).cloned().unwrap_or_default()).collect();
+            parts.insert(name.clone(), max_over_ranks(&per_rank));
+        }
+    }
     let per_rank: Vec<Vec<f64>> = outs.into_iter().map(|o| o.times.unwrap_or_default()).collect();
     let switch = after_sw.ok().map(|a| SwitchSample {
         backend: a["backend"].as_str().unwrap_or(system).to_string(),
@@ -413,6 +466,7 @@ pub fn run_hosts(
         switch,
         host_if: after_if.iter().zip(&before_if).map(|(a, b)| a.since(*b)).collect(),
         host_cpu_s: Some(host_cpu),
+        parts,
     })
 }
 
@@ -463,5 +517,13 @@ mod tests {
         assert_eq!(r.times, Some(vec![10.5, 9.0]));
         parse_line("  1  allreduce  4  1  int32  sum  -  2  1  1  1  1  0  0  FAIL", &mut r);
         assert_eq!(r.pass, Some(false));
+        let mut r = RankOut::default();
+        parse_line("#  part_us rank=3 part=nonblocking: 5.5 6", &mut r);
+        parse_line("#  part_us rank=3 part=compute: 7", &mut r);
+        assert!(!r.complete());
+        parse_line("      3  overlap  32  8  int32  sum  -  2  1  1  1  1  0  0  PASS", &mut r);
+        assert!(r.complete());
+        assert_eq!(r.parts["nonblocking"], vec![5.5, 6.0]);
+        assert_eq!(r.parts.len(), 2);
     }
 }

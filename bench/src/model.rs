@@ -121,6 +121,10 @@ pub struct Measurement {
     pub host_if: Vec<IfCounters>,
     /// CPU seconds of all host processes.
     pub host_cpu_s: Option<f64>,
+    /// Named parts of the overlap measurement: the slowest rank's time of each
+    /// iteration (microseconds).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub parts: BTreeMap<String, Vec<f64>>,
 }
 
 impl Measurement {
@@ -142,6 +146,7 @@ impl Measurement {
             switch: None,
             host_if: vec![],
             host_cpu_s: None,
+            parts: BTreeMap::new(),
         }
     }
 
@@ -179,12 +184,14 @@ pub struct FrameRate {
     pub status: String,
 }
 
-/// Host traffic per iteration for one AllReduce size: counted on the interfaces.
+/// Host traffic per iteration for one collective and size: counted on the interfaces.
 #[derive(Debug, Clone, Serialize)]
 pub struct HostBytes {
     /// System.
     pub system: String,
-    /// Message size.
+    /// Collective.
+    pub collective: Coll,
+    /// Message size (ReduceScatter, AllGather: S, the whole vector).
     pub bytes: u64,
     /// Per host: (sent, received) bytes per iteration.
     pub per_host: Vec<(f64, f64)>,
@@ -217,4 +224,6 @@ pub struct Results {
     pub host_bytes: Vec<HostBytes>,
     /// Problems that did not stop the run.
     pub notes: Vec<String>,
+    /// AllReduces per batch of the overlap measurement.
+    pub overlap_requests: u32,
 }

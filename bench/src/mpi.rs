@@ -20,6 +20,10 @@ const NSRSH: &str = include_str!("../mpi/nsrsh.sh");
 pub const RING: [(&str, &str); 2] =
     [("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_allreduce_algorithm", "4")];
 
+/// Force Open MPI's ring AllGather (coll/tuned algorithm 4).
+pub const RING_ALLGATHER: [(&str, &str); 2] =
+    [("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_allgather_algorithm", "4")];
+
 /// One size of an MPI run.
 #[derive(Debug, Clone)]
 pub struct MpiRow {
@@ -88,8 +92,10 @@ impl Mpi {
         })
     }
 
-    /// Run `kind` (allreduce or barrier) of `dtype` with `op` for each (bytes, warm-up,
-    /// iterations).
+    /// Run `kind` (allreduce, reducescatter, allgather or barrier) of `dtype` with `op`
+    /// for each (bytes, warm-up, iterations); for reducescatter and allgather the bytes
+    /// are S, the whole vector, which the program rounds down to whole blocks (the rows
+    /// report the bytes it used).
     pub fn run(
         &self,
         kind: &str,

@@ -70,7 +70,8 @@ pub fn summarize(ms: &[Measurement], world: usize) -> Vec<Summary> {
     let mut groups: BTreeMap<(String, &str, String, bool, u64), Vec<&Measurement>> =
         BTreeMap::new();
     let mut order = Vec::new();
-    for m in ms {
+    // The overlap measurement has its own table (`overlap`).
+    for m in ms.iter().filter(|m| m.collective != Coll::Overlap) {
         let key = (m.system.clone(), m.collective.name(), m.dtype.clone(), m.small, m.bytes);
         if !groups.contains_key(&key) {
             order.push(key.clone());
@@ -224,13 +225,14 @@ pub fn best_switch_fps(rows: &[Summary], backend: &str) -> Option<f64> {
 fn find<'a>(
     rows: &'a [Summary],
     system: &str,
+    coll: Coll,
     dtype: &str,
     bytes: u64,
     small: bool,
 ) -> Option<&'a Summary> {
     rows.iter().find(|r| {
         r.system == system
-            && r.collective == Coll::AllReduce
+            && r.collective == coll
             && r.dtype == dtype
             && r.bytes == bytes
             && r.small == small
@@ -278,7 +280,7 @@ fn per_round_ratios(
     o: &mut String,
     ms: &[Measurement],
     backends: &[&String],
-    sizes: &[(String, u64)],
+    sizes: &[(Coll, String, u64)],
 ) {
     let _ = writeln!(
         o,
@@ -287,8 +289,8 @@ fn per_round_ratios(
     );
     ratio_table(o, backends, sizes, 20, |b, row| {
         let r = match row {
-            Row::Size(dtype, bytes) => {
-                round_ratios(ms, b, Coll::AllReduce, Some(dtype), false, Some(bytes))
+            Row::Size(coll, dtype, bytes) => {
+                round_ratios(ms, b, coll, Some(dtype), false, Some(bytes))
             }
             Row::Small(coll) => round_ratios(ms, b, coll, None, true, None),
         };
@@ -301,32 +303,34 @@ fn per_round_ratios(
 /// A row of an INC / MPI table.
 #[derive(Clone, Copy)]
 enum Row<'a> {
-    /// AllReduce of this datatype and size.
-    Size(&'a str, u64),
+    /// This collective, datatype and size.
+    Size(Coll, &'a str, u64),
     /// The small-message test of this collective (p50).
     Small(Coll),
 }
 
-/// The header, a row per AllReduce size, then the 1-element AllReduce and Barrier
-/// rows, with `cell(backend, row)` (`width` wide) in each backend's column.
+/// The header, a row per collective and size, then the 1-element AllReduce and
+/// Barrier rows, with `cell(backend, row)` (`width` wide) in each backend's column.
 fn ratio_table(
     o: &mut String,
     backends: &[&String],
-    sizes: &[(String, u64)],
+    sizes: &[(Coll, String, u64)],
     width: usize,
     cell: impl Fn(&str, Row<'_>) -> String,
 ) {
     let header: String = backends.iter().map(|b| format!("{b:>width$}")).collect();
-    let _ = writeln!(o, "# {:<8} {:>9} {header}", "type", "size");
-    for (dtype, bytes) in sizes {
-        let cells: String = backends.iter().map(|b| cell(b, Row::Size(dtype, *bytes))).collect();
-        let _ = writeln!(o, "  {:<8} {:>9} {cells}", dtype, human_size(*bytes));
+    let _ = writeln!(o, "# {:<13} {:<8} {:>11} {header}", "collective", "type", "size");
+    for (coll, dtype, bytes) in sizes {
+        let cells: String =
+            backends.iter().map(|b| cell(b, Row::Size(*coll, dtype, *bytes))).collect();
+        let _ =
+            writeln!(o, "  {:<13} {:<8} {:>11} {cells}", coll.name(), dtype, human_size(*bytes));
     }
     for (small_kind, coll) in
         [("1-element AllReduce p50", Coll::AllReduce), ("Barrier p50", Coll::Barrier)]
     {
         let cells: String = backends.iter().map(|b| cell(b, Row::Small(coll))).collect();
-        let _ = writeln!(o, "  {:<17} {cells}", small_kind);
+        let _ = writeln!(o, "  {:<35} {cells}", small_kind);
     }
 }
 
@@ -338,24 +342,31 @@ pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &R
         .iter()
         .filter(|b| rows.iter().any(|r| &r.system == *b && r.status == "ok"))
         .collect();
-    let mut sizes: Vec<(String, u64)> = rows
+    // The collectives MPI is measured with, in this order.
+    let order = [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather];
+    let mut sizes: Vec<(Coll, String, u64)> = rows
         .iter()
-        .filter(|r| r.collective == Coll::AllReduce && !r.small && r.iters > 0)
-        .map(|r| (r.dtype.clone(), r.bytes))
+        .filter(|r| order.contains(&r.collective) && !r.small && r.iters > 0)
+        .map(|r| (r.collective, r.dtype.clone(), r.bytes))
         .collect();
-    sizes.sort();
+    sizes.sort_by_key(|(c, d, b)| (order.iter().position(|o| o == c), d.clone(), *b));
     sizes.dedup();
-    let _ =
-        writeln!(o, "== INC time / MPI time, AllReduce (median over iterations; < 1: INC faster)");
+    let _ = writeln!(
+        o,
+        "== INC time / MPI time (median over iterations; < 1: INC faster; ReduceScatter and \
+         AllGather: size = S, the whole vector of {} blocks)",
+        res.world
+    );
     let small = |system: &str, coll: Coll| {
         rows.iter()
             .find(|r| r.system == system && r.small && r.collective == coll && r.status == "ok")
     };
     ratio_table(&mut o, &ok_backends, &sizes, 12, |b, row| {
         let (inc, mpi) = match row {
-            Row::Size(dtype, bytes) => {
-                (find(rows, b, dtype, bytes, false), find(rows, "mpi", dtype, bytes, false))
-            }
+            Row::Size(coll, dtype, bytes) => (
+                find(rows, b, coll, dtype, bytes, false),
+                find(rows, "mpi", coll, dtype, bytes, false),
+            ),
             Row::Small(coll) => (small(b, coll), small("mpi", coll)),
         };
         let ratio = inc.zip(mpi).map(|(i, m)| i.median_us / m.median_us);
@@ -386,16 +397,17 @@ pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &R
             o,
             "== best backend vs pcap, AllReduce: pcap time / best time (> 1: best is faster)"
         );
-        for (dtype, bytes) in &sizes {
-            let Some(p) = find(rows, "pcap", dtype, *bytes, false) else { continue };
+        for (coll, dtype, bytes) in &sizes {
+            let Some(p) = find(rows, "pcap", *coll, dtype, *bytes, false) else { continue };
             let best = ok_backends
                 .iter()
-                .filter_map(|b| find(rows, b, dtype, *bytes, false))
+                .filter_map(|b| find(rows, b, *coll, dtype, *bytes, false))
                 .min_by(|a, b| a.median_us.total_cmp(&b.median_us));
             if let Some(best) = best {
                 let _ = writeln!(
                     o,
-                    "  {:<8} {:>9} {:>8.2}  best: {}",
+                    "  {:<13} {:<8} {:>11} {:>8.2}  best: {}",
+                    coll.name(),
                     dtype,
                     human_size(*bytes),
                     p.median_us / best.median_us,
@@ -406,23 +418,176 @@ pub fn ratios(rows: &[Summary], refs: &[FrameRate], backends: &[String], res: &R
     } else {
         let _ = writeln!(o, "== best backend vs pcap: no pcap measurement in this run");
     }
-    if !res.host_bytes.is_empty() {
-        let _ =
-            writeln!(o, "== bytes per host per iteration (interface counters), sent / received");
-        for hb in &res.host_bytes {
-            let cells: Vec<String> = hb
-                .per_host
-                .iter()
-                .map(|(t, r)| format!("{:.2}/{:.2} MiB", t / 1048576.0, r / 1048576.0))
-                .collect();
-            let _ = writeln!(
-                o,
-                "  {:<10} {:>9}  {}",
-                hb.system,
-                human_size(hb.bytes),
-                cells.join("  ")
-            );
+    o += &host_bytes_table(res);
+    o += &overlap_table(&res.measurements, backends, res.overlap_requests);
+    o
+}
+
+/// Bytes each host sent and received per iteration, counted on its interface, for
+/// each collective and system, with the mean over hosts as a multiple of the size.
+pub fn host_bytes_table(res: &Results) -> String {
+    let mut o = String::new();
+    if res.host_bytes.is_empty() {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "== bytes per host per iteration (interface counters): mean over hosts / size, then \
+         each rank's sent/received (size: the vector; ReduceScatter and AllGather: S, the \
+         whole vector of {} blocks)",
+        res.world
+    );
+    let _ = writeln!(
+        o,
+        "# {:<13} {:<11} {:>11} {:>7} {:>7}  per rank sent/received (MiB)",
+        "collective", "system", "size", "sent/S", "recv/S"
+    );
+    let order = [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather];
+    let mut hbs: Vec<&crate::model::HostBytes> = res.host_bytes.iter().collect();
+    hbs.sort_by_key(|h| {
+        (order.iter().position(|c| *c == h.collective), h.system.starts_with("mpi"))
+    });
+    for hb in hbs {
+        let n = hb.per_host.len().max(1) as f64;
+        let s = hb.bytes.max(1) as f64;
+        let sent = hb.per_host.iter().map(|p| p.0).sum::<f64>() / n / s;
+        let recv = hb.per_host.iter().map(|p| p.1).sum::<f64>() / n / s;
+        let cells: Vec<String> = hb
+            .per_host
+            .iter()
+            .map(|(t, r)| format!("{:.2}/{:.2}", t / 1048576.0, r / 1048576.0))
+            .collect();
+        let _ = writeln!(
+            o,
+            "  {:<13} {:<11} {:>11} {:>7.3} {:>7.3}  {}",
+            hb.collective.name(),
+            hb.system,
+            human_size(hb.bytes),
+            sent,
+            recv,
+            cells.join("  ")
+        );
+    }
+    o
+}
+
+/// One backend's overlap measurement, summarised.
+#[derive(Debug, Clone, Serialize)]
+pub struct OverlapSummary {
+    /// Backend.
+    pub system: String,
+    /// Bytes of each AllReduce.
+    pub bytes: u64,
+    /// Rounds measured (passed).
+    pub rounds: usize,
+    /// Median (pooled over rounds) of each part: blocking, nonblocking, collective,
+    /// compute, overlapped (us).
+    pub median_us: BTreeMap<String, f64>,
+    /// Per round: nonblocking / blocking, of the round's medians.
+    pub nb_over_b: Vec<f64>,
+    /// Per round: (compute + collective) / overlapped, of the round's medians.
+    pub speedup: Vec<f64>,
+    /// Per round: overlapped / max(compute, collective).
+    pub over_max: Vec<f64>,
+    /// "ok" or the first failure.
+    pub status: String,
+}
+
+/// Summaries of the overlap measurements, per backend in `backends` order.
+pub fn overlap_summaries(ms: &[Measurement], backends: &[String]) -> Vec<OverlapSummary> {
+    let mut out = Vec::new();
+    for b in backends {
+        let mine: Vec<&Measurement> =
+            ms.iter().filter(|m| &m.system == b && m.collective == Coll::Overlap).collect();
+        let Some(first) = mine.first() else { continue };
+        let ok: Vec<&&Measurement> =
+            mine.iter().filter(|m| m.ok() && !m.parts.is_empty()).collect();
+        let part = |m: &Measurement, p: &str| m.parts.get(p).map_or(0.0, |v| median(v));
+        let ratio = |f: &dyn Fn(&Measurement) -> f64| -> Vec<f64> {
+            ok.iter().map(|m| f(m)).filter(|v| v.is_finite()).collect()
+        };
+        let mut median_us = BTreeMap::new();
+        for p in ["blocking", "nonblocking", "collective", "compute", "overlapped"] {
+            let all: Vec<f64> =
+                ok.iter().flat_map(|m| m.parts.get(p).cloned().unwrap_or_default()).collect();
+            median_us.insert(p.to_string(), median(&all));
         }
+        out.push(OverlapSummary {
+            system: b.clone(),
+            bytes: first.bytes,
+            rounds: ok.len(),
+            median_us,
+            nb_over_b: ratio(&|m| part(m, "nonblocking") / part(m, "blocking")),
+            speedup: ratio(&|m| {
+                (part(m, "compute") + part(m, "collective")) / part(m, "overlapped")
+            }),
+            over_max: ratio(&|m| {
+                part(m, "overlapped") / part(m, "compute").max(part(m, "collective"))
+            }),
+            status: mine.iter().find(|m| !m.ok()).map_or("ok".into(), |m| m.status.clone()),
+        });
+    }
+    out
+}
+
+/// median [min-max] of per-round values.
+fn range_text(v: &[f64]) -> String {
+    match (v.iter().copied().reduce(f64::min), v.iter().copied().reduce(f64::max)) {
+        (Some(lo), Some(hi)) => format!("{:.2} [{lo:.2}-{hi:.2}]", median(v)),
+        _ => "-".into(),
+    }
+}
+
+/// The overlap table: times pooled over rounds, ratios per round.
+pub fn overlap_table(ms: &[Measurement], backends: &[String], requests: u32) -> String {
+    let mut o = String::new();
+    let sums = overlap_summaries(ms, backends);
+    let Some(first) = ms.iter().find(|m| m.collective == Coll::Overlap) else { return o };
+    let _ = writeln!(
+        o,
+        "== overlap, int32 sum AllReduces of {}: a batch of {requests} blocking one after \
+         another vs started non-blocking and then waited for; T a busy loop alone, C one \
+         non-blocking AllReduce alone, overlapped: the busy loop while it runs. Times: \
+         medians over every iteration of every round (slowest rank); ratios: median \
+         [min-max] over the rounds of each round's medians",
+        human_size(first.bytes)
+    );
+    let _ = writeln!(
+        o,
+        "# {:<10} {:>6} {:>12} {:>12} {:>20} {:>11} {:>11} {:>11} {:>20} {:>20}  status",
+        "system",
+        "rounds",
+        "blocking",
+        "non-block.",
+        "non-block./blocking",
+        "T compute",
+        "C coll.",
+        "overlapped",
+        "(T+C)/overlapped",
+        "overlapped/max(T,C)"
+    );
+    let _ = writeln!(
+        o,
+        "# {:<10} {:>6} {:>12} {:>12} {:>20} {:>11} {:>11} {:>11}",
+        "", "", "(us, batch)", "(us, batch)", "", "(us)", "(us)", "(us)"
+    );
+    for s in sums {
+        let t = |p: &str| s.median_us.get(p).copied().unwrap_or(0.0);
+        let _ = writeln!(
+            o,
+            "  {:<10} {:>6} {:>12.0} {:>12.0} {:>20} {:>11.0} {:>11.0} {:>11.0} {:>20} {:>20}  {}",
+            s.system,
+            s.rounds,
+            t("blocking"),
+            t("nonblocking"),
+            range_text(&s.nb_over_b),
+            t("compute"),
+            t("collective"),
+            t("overlapped"),
+            range_text(&s.speedup),
+            range_text(&s.over_max),
+            s.status
+        );
     }
     o
 }
@@ -486,7 +651,8 @@ pub fn write_all(out: &Path, res: &Results) -> anyhow::Result<(String, Vec<Summa
         );
     }
     std::fs::write(out.join("frame_rates.csv"), fr)?;
-    let json = serde_json::json!({ "results": res, "summary": rows });
+    let overlap = overlap_summaries(&res.measurements, &backends);
+    let json = serde_json::json!({ "results": res, "summary": rows, "overlap": overlap });
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&json)?)?;
     Ok((text, rows))
 }
@@ -544,6 +710,7 @@ mod tests {
             frame_rates: vec![],
             host_bytes: vec![],
             notes: vec![],
+            overlap_requests: 8,
         };
         let r = ratios(&rows, &[], &res.supported_backends, &res);
         assert!(r.contains("2.20"), "{r}");

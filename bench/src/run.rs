@@ -7,11 +7,11 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::cli::{elem_size, fits, human_size, iterations, Args, Coll, Config};
+use crate::cli::{elem_size, human_size, iterations, Args, Coll, Config};
 use crate::inc::{run_hosts, supported_backends, Fabric, RunSpec};
 use crate::kernel::KernelForwarding;
 use crate::model::{FrameRate, HostBytes, Measurement, Results};
-use crate::mpi::{Mpi, RING};
+use crate::mpi::{Mpi, RING, RING_ALLGATHER};
 use crate::netns::{host_counters, Netns, Plan};
 use crate::procs::{check_interrupted, install_signal_handler};
 use crate::{plot, refs, report};
@@ -169,12 +169,11 @@ impl Ctx<'_> {
                 return Ok(());
             }
         };
+        let world = self.plan.hosts.len();
         for &coll in &self.cfg.collectives.clone() {
             for dtype in &self.cfg.dtypes.clone() {
                 for &bytes in &self.cfg.sizes.clone() {
-                    if !fits(dtype, bytes) {
-                        continue;
-                    }
+                    let Some(count) = coll.count(dtype, bytes, world) else { continue };
                     check_interrupted()?;
                     let (warmup, iters) = iterations(self.cfg, bytes);
                     self.pb.set_message(format!(
@@ -194,11 +193,12 @@ impl Ctx<'_> {
                         coll,
                         dtype: dtype.clone(),
                         op: self.cfg.op.clone(),
-                        count: bytes / elem_size(dtype),
+                        count,
                         warmup,
                         iters,
                         master_port: self.next_port(),
                         perf_dir: perf,
+                        extra: vec![],
                     };
                     let m = run_hosts(&fabric, self.plan, self.bins, &spec, &self.logs, backend)?;
                     self.record(m, round);
@@ -217,9 +217,27 @@ impl Ctx<'_> {
                 iters: self.cfg.small_iters,
                 master_port: self.next_port(),
                 perf_dir: None,
+                extra: vec![],
             };
             let mut m = run_hosts(&fabric, self.plan, self.bins, &spec, &self.logs, backend)?;
             m.small = true;
+            self.record(m, round);
+        }
+        if self.cfg.overlap {
+            check_interrupted()?;
+            self.pb.set_message(format!("{backend} overlap"));
+            let spec = RunSpec {
+                coll: Coll::Overlap,
+                dtype: "int32".into(),
+                op: "sum".into(),
+                count: self.cfg.overlap_size / 4,
+                warmup: 1,
+                iters: self.cfg.overlap_iters,
+                master_port: self.next_port(),
+                perf_dir: None,
+                extra: vec!["--requests".into(), self.cfg.overlap_requests.to_string()],
+            };
+            let m = run_hosts(&fabric, self.plan, self.bins, &spec, &self.logs, backend)?;
             self.record(m, round);
         }
         Ok(())
@@ -238,32 +256,45 @@ impl Ctx<'_> {
                 (b, w, i)
             })
             .collect();
-        // (program kind, datatype, (bytes, warm-up, iterations) per size, small-message test)
-        type Job = (&'static str, String, Vec<(u64, u32, u32)>, bool);
+        let world = self.plan.hosts.len();
+        // (collective, datatype, (bytes, warm-up, iterations) per size, small-message test)
+        type Job = (Coll, String, Vec<(u64, u32, u32)>, bool);
         let mut jobs: Vec<Job> = Vec::new();
-        if self.cfg.collectives.contains(&Coll::AllReduce) {
+        for coll in [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather] {
+            if !self.cfg.collectives.contains(&coll) {
+                continue;
+            }
             for d in &self.cfg.dtypes {
-                let sizes = sweep.iter().copied().filter(|(b, _, _)| fits(d, *b)).collect();
-                jobs.push(("allreduce", d.clone(), sizes, false));
+                let sizes: Vec<_> = sweep
+                    .iter()
+                    .copied()
+                    .filter(|(b, _, _)| coll.count(d, *b, world).is_some())
+                    .collect();
+                if !sizes.is_empty() {
+                    jobs.push((coll, d.clone(), sizes, false));
+                }
             }
         }
         let small = vec![(elem_size(&self.cfg.dtypes[0]), 10, self.cfg.small_iters)];
-        jobs.push(("allreduce", self.cfg.dtypes[0].clone(), small.clone(), true));
-        jobs.push(("barrier", "-".into(), vec![(0, 10, self.cfg.small_iters)], true));
-        for (kind, dtype, sizes, small) in jobs {
+        jobs.push((Coll::AllReduce, self.cfg.dtypes[0].clone(), small.clone(), true));
+        jobs.push((Coll::Barrier, "-".into(), vec![(0, 10, self.cfg.small_iters)], true));
+        for (coll, dtype, sizes, small) in jobs {
             check_interrupted()?;
+            let kind = coll.name();
             self.pb.set_message(format!("MPI {kind} {dtype}{}", if small { " small" } else { "" }));
             let log = self.logs.join(format!(
                 "mpi-{kind}-{dtype}-{}-r{round}.log",
                 if small { "small" } else { "sweep" }
             ));
-            let coll = if kind == "barrier" { Coll::Barrier } else { Coll::AllReduce };
-            let d = if kind == "barrier" { "int32" } else { dtype.as_str() };
+            let d = if coll == Coll::Barrier { "int32" } else { dtype.as_str() };
             let t = Instant::now();
             match mpi.run(kind, d, &self.cfg.op, &sizes, &[], &log) {
                 Ok(rows) => {
                     for r in rows {
                         let mut m = Measurement::skipped("mpi", coll, &dtype, r.bytes, "ok");
+                        if coll.blocked() {
+                            m.count = coll.count(&dtype, r.bytes, world).unwrap_or(0);
+                        }
                         m.small = small;
                         m.warmup = r.warmup;
                         m.iters = r.iters;
@@ -286,21 +317,41 @@ impl Ctx<'_> {
             }
         }
         if round == 0 {
-            self.pb.set_message(format!(
-                "MPI ring AllReduce {} (counted bytes)",
-                human_size(ring_bytes)
-            ));
+            self.mpi_counted(mpi, ring_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Host interface bytes of one MPI run per collective at `ring_bytes`: Open MPI's
+    /// ring AllReduce and ring AllGather (forced), and its default
+    /// Reduce_scatter_block (coll/tuned has no ring for it; for commutative operators
+    /// its algorithms move (n-1)/n of S each way, as a ring would).
+    fn mpi_counted(&mut self, mpi: &Mpi, ring_bytes: u64) -> anyhow::Result<()> {
+        let world = self.plan.hosts.len();
+        let d = self.cfg.dtypes[0].clone();
+        for (coll, system, mca) in [
+            (Coll::AllReduce, "mpi-ring", &RING[..]),
+            (Coll::ReduceScatter, "mpi-default", &[][..]),
+            (Coll::AllGather, "mpi-ring", &RING_ALLGATHER[..]),
+        ] {
+            let wanted = coll == Coll::AllReduce || self.cfg.collectives.contains(&coll);
+            if !wanted || coll.count(&d, ring_bytes, world).is_none() {
+                continue;
+            }
+            check_interrupted()?;
+            let what = format!("MPI {system} {} {}", coll.name(), human_size(ring_bytes));
+            self.pb.set_message(format!("{what} (counted bytes)"));
             let (w, i) = iterations(self.cfg, ring_bytes);
             let before = host_counters(self.plan)?;
-            let log = self.logs.join("mpi-ring.log");
-            let d = &self.cfg.dtypes[0];
-            match mpi.run("allreduce", d, &self.cfg.op, &[(ring_bytes, w, i)], &RING, &log) {
+            let log = self.logs.join(format!("{system}-{}.log", coll.name()));
+            match mpi.run(coll.name(), &d, &self.cfg.op, &[(ring_bytes, w, i)], mca, &log) {
                 Ok(rows) => {
                     let after = host_counters(self.plan)?;
                     let n = f64::from(w + i);
                     self.res.host_bytes.push(HostBytes {
-                        system: "mpi-ring".into(),
-                        bytes: ring_bytes,
+                        system: system.into(),
+                        collective: coll,
+                        bytes: rows.first().map_or(ring_bytes, |r| r.bytes),
                         per_host: after
                             .iter()
                             .zip(&before)
@@ -311,10 +362,10 @@ impl Ctx<'_> {
                             .collect(),
                     });
                     if rows.iter().any(|r| r.wrong > 0) {
-                        self.res.notes.push("MPI ring AllReduce produced wrong elements".into());
+                        self.res.notes.push(format!("{what} produced wrong elements"));
                     }
                 }
-                Err(e) => self.res.notes.push(format!("MPI ring AllReduce failed: {e:#}")),
+                Err(e) => self.res.notes.push(format!("{what} failed: {e:#}")),
             }
             self.pb.inc(1);
         }
@@ -388,7 +439,11 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         "inccl-allreduce".into(),
         "inccl-barrier".into(),
     ];
-    needed.extend(cfg.collectives.iter().map(|c| format!("inccl-{}", c.name())));
+    needed.extend(cfg.collectives.iter().map(|c| c.program().0));
+    if cfg.overlap {
+        needed.push(Coll::Overlap.program().0);
+    }
+    needed.dedup();
     for b in &needed {
         if !bins.join(b).is_file() {
             bail!(
@@ -412,8 +467,20 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
     std::env::set_var("INC_CONTROLLER", bins.join("inc-controller"));
 
     let supported = supported_backends(&bins)?;
-    let per_backend = (cfg.collectives.len() * cfg.dtypes.len() * cfg.sizes.len() + 2) as u64;
-    let refs_steps = if cfg.refs { (cfg.dtypes.len() * cfg.sizes.len() + 4) as u64 } else { 0 };
+    let world = plan.hosts.len();
+    let mut sweep = 0u64;
+    let mut mpi_sweep = 0u64;
+    for c in &cfg.collectives {
+        for d in &cfg.dtypes {
+            let n = cfg.sizes.iter().filter(|&&b| c.count(d, b, world).is_some()).count() as u64;
+            sweep += n;
+            if matches!(c, Coll::AllReduce | Coll::ReduceScatter | Coll::AllGather) {
+                mpi_sweep += n;
+            }
+        }
+    }
+    let per_backend = sweep + 2 + u64::from(cfg.overlap);
+    let refs_steps = if cfg.refs { mpi_sweep + 6 } else { 0 };
     let runnable = cfg.backends.iter().filter(|b| supported.contains(b)).count() as u64;
     let pb = ProgressBar::new(u64::from(cfg.rounds) * (runnable * per_backend + refs_steps) + 1);
     pb.set_style(
@@ -443,6 +510,7 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
             frame_rates: vec![],
             host_bytes: vec![],
             notes: vec![],
+            overlap_requests: cfg.overlap_requests,
         },
         master_port: 52300,
         switch_args: args.switch_args.clone(),
@@ -511,24 +579,33 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
     })();
     drop(netns);
     // INC's counted bytes per iteration at the ring size, from the sweep itself.
-    for b in &cfg.backends {
-        if let Some(m) = ctx.res.measurements.iter().find(|m| {
-            &m.system == b
-                && m.collective == Coll::AllReduce
-                && m.bytes == ring_bytes
-                && !m.small
-                && m.ok()
-                && m.round == 0
-        }) {
-            let n = f64::from(m.warmup + m.iters);
-            let per_host =
-                m.host_if.iter().map(|c| (c.tx_bytes as f64 / n, c.rx_bytes as f64 / n)).collect();
-            ctx.res.host_bytes.insert(
-                0,
-                crate::model::HostBytes { system: b.clone(), bytes: ring_bytes, per_host },
-            );
+    let mut counted = Vec::new();
+    for coll in [Coll::AllReduce, Coll::ReduceScatter, Coll::AllGather] {
+        for b in &cfg.backends {
+            let d = &cfg.dtypes[0];
+            let Some(count) = coll.count(d, ring_bytes, world) else { continue };
+            let bytes = coll.bytes(d, count, world);
+            if let Some(m) = ctx.res.measurements.iter().find(|m| {
+                &m.system == b
+                    && m.collective == coll
+                    && &m.dtype == d
+                    && m.bytes == bytes
+                    && !m.small
+                    && m.ok()
+                    && m.round == 0
+            }) {
+                let n = f64::from(m.warmup + m.iters);
+                let per_host = m
+                    .host_if
+                    .iter()
+                    .map(|c| (c.tx_bytes as f64 / n, c.rx_bytes as f64 / n))
+                    .collect();
+                counted.push(HostBytes { system: b.clone(), collective: coll, bytes, per_host });
+            }
         }
     }
+    counted.append(&mut ctx.res.host_bytes);
+    ctx.res.host_bytes = counted;
     ctx.res.duration_s = started.elapsed().as_secs_f64();
     ctx.pb.finish_and_clear();
     let (text, rows) = report::write_all(&out, &ctx.res)?;
