@@ -112,7 +112,7 @@ pub struct Args {
     #[arg(long, default_value_t = 5)]
     pub overlap_iters: u32,
     /// Record a `perf` profile of the switch process and of rank 0 during this message size
-    /// (first backend, first round), e.g. 64M.
+    /// (first backend, first round, first datatype of each collective), e.g. 64M.
     #[arg(long)]
     pub perf_size: Option<String>,
 }

@@ -181,13 +181,18 @@ impl Ctx<'_> {
                         coll.name(),
                         human_size(bytes)
                     ));
+                    // The first datatype of each collective (AllReduce's directory
+                    // keeps its name without the collective).
                     let perf = (first
                         && round == 0
-                        && coll == Coll::AllReduce
+                        && *dtype == self.cfg.dtypes[0]
                         && self.cfg.perf_size == Some(bytes))
                     .then(|| {
-                        self.out
-                            .join(format!("perf-{backend}-{}", human_size(bytes).replace(' ', "")))
+                        let size = human_size(bytes).replace(' ', "");
+                        match coll {
+                            Coll::AllReduce => self.out.join(format!("perf-{backend}-{size}")),
+                            c => self.out.join(format!("perf-{backend}-{}-{size}", c.name())),
+                        }
                     });
                     let spec = RunSpec {
                         coll,
