@@ -1,13 +1,19 @@
 //! Host test programs for INCCL, with the seed's arguments
 //! (`<world_size> <master_addr> <rank> <count>`): fill `in[i] = i * (rank + 1)`, run the
-//! collective `--iters` times, verify every result exactly, print PASS/FAIL, time and
-//! algorithm bandwidth in the style of nccl-tests.
+//! collective `--iters` times (blocking, or `--nonblocking K` at once), verify every
+//! result exactly, print PASS/FAIL, time and algorithm bandwidth in the style of
+//! nccl-tests.
 
+use std::num::NonZeroUsize;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use inccl::{CommConfig, Communicator, DataType, Group, GroupConfig, ReduceOp, TransportKind};
+use inccl::{
+    CommConfig, Communicator, DataType, Element, Group, GroupConfig, ReduceOp, Request, Scope,
+    TransportKind,
+};
 
 /// Which collective a program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,8 +24,47 @@ pub enum Collective {
     Reduce,
     /// Broadcast from `--root`.
     Broadcast,
+    /// ReduceScatter: a rank's input is `world_size` blocks of `count` elements; rank `r`
+    /// receives the reduction of block `r`.
+    ReduceScatter,
+    /// AllGather: every rank receives `world_size` blocks of `count` elements, block `r`
+    /// from rank `r`.
+    AllGather,
     /// Barrier (`count` is ignored).
     Barrier,
+}
+
+impl Collective {
+    /// Its name in the result rows (and in the program's name, `inccl-NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "allreduce",
+            Collective::Reduce => "reduce",
+            Collective::Broadcast => "broadcast",
+            Collective::ReduceScatter => "reducescatter",
+            Collective::AllGather => "allgather",
+            Collective::Barrier => "barrier",
+        }
+    }
+
+    /// Whether it takes an operator (`--op`).
+    pub fn has_op(self) -> bool {
+        matches!(self, Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter)
+    }
+
+    /// Whether it has a root (`--root`).
+    pub fn has_root(self) -> bool {
+        matches!(self, Collective::Reduce | Collective::Broadcast)
+    }
+
+    /// Blocks of `count` elements in a rank's whole buffer: ReduceScatter's input and
+    /// AllGather's result hold one per rank.
+    pub fn blocks(self, world: u16) -> u64 {
+        match self {
+            Collective::ReduceScatter | Collective::AllGather => u64::from(world),
+            _ => 1,
+        }
+    }
 }
 
 /// Command line shared by the host programs.
@@ -31,8 +76,12 @@ pub struct Args {
     pub master_addr: String,
     /// This process's rank.
     pub rank: u16,
-    /// Elements per rank.
-    pub count: u64,
+    /// Elements per rank; for ReduceScatter and AllGather per block (a rank's whole
+    /// buffer, ReduceScatter's input and AllGather's result, is world_size blocks).
+    /// Comma separated for several counts: each runs every (type, operator) pair in turn.
+    #[arg(value_name = "COUNT", value_delimiter = ',', num_args = 1, required = true)]
+    #[arg(action = clap::ArgAction::Set)]
+    pub counts: Vec<u64>,
     /// Root rank of Reduce and Broadcast.
     #[arg(long, default_value_t = 0)]
     pub root: u16,
@@ -52,6 +101,18 @@ pub struct Args {
     /// Untimed warm-up iterations.
     #[arg(long, default_value_t = 0)]
     pub warmup: u32,
+    /// Run in place: the result overwrites the input buffer (AllReduce, Reduce on the
+    /// root, ReduceScatter into the rank's own block of its input, AllGather from the
+    /// rank's own block of the result). Broadcast always runs in place; Barrier has no
+    /// buffer.
+    #[arg(long)]
+    pub in_place: bool,
+    /// Non-blocking: every iteration starts K collectives at once (on K buffers, through
+    /// Communicator::scope), then waits for each and verifies each. The iteration's
+    /// time, size(B) and algbw are those of the K together. In place only for AllReduce
+    /// (and Broadcast), as the library has non-blocking in-place calls for those only.
+    #[arg(long, value_name = "K")]
+    pub nonblocking: Option<NonZeroUsize>,
     /// Controller address host:port (rank 0; default: INCCL_CONTROLLER).
     #[arg(long)]
     pub controller: Option<String>,
@@ -61,8 +122,8 @@ pub struct Args {
     /// Also print every timed iteration's time (a `#  iter_us` line), for histograms.
     #[arg(long)]
     pub print_times: bool,
-    /// Check the arguments (names, type x operator pairs, root) and exit without
-    /// connecting: prints the pairs that would run.
+    /// Check the arguments (names, type x operator pairs, root, --in-place and
+    /// --nonblocking) and exit without connecting: prints the pairs that would run.
     #[arg(long)]
     pub check: bool,
     /// After printing the result, wait for end of input on stdin before destroying the
@@ -111,13 +172,15 @@ fn expand<T: Copy + PartialEq>(choices: &[Choice<T>], all: &[T]) -> Vec<T> {
 impl Args {
     /// The (type, operator) pairs to run, in order: every type with every operator that
     /// applies to it. A pair that does not apply is an error when both were named
-    /// explicitly, and left out when `all` brought it in. Broadcast and Barrier have no
-    /// operator: one pair per type with SUM (its inputs are SUM's).
+    /// explicitly, and left out when `all` brought it in. Collectives without an
+    /// operator (Broadcast, AllGather, Barrier) run one pair per type with SUM (its
+    /// inputs are SUM's); Barrier one pair.
     pub fn pairs(&self, which: Collective) -> anyhow::Result<Vec<(DataType, ReduceOp)>> {
         let dtypes = expand(&self.dtypes, DataType::ALL);
-        let ops = match which {
-            Collective::Broadcast | Collective::Barrier => vec![ReduceOp::Sum],
-            _ => expand(&self.ops, &ReduceOp::reductions().collect::<Vec<_>>()),
+        let ops = if which.has_op() {
+            expand(&self.ops, &ReduceOp::reductions().collect::<Vec<_>>())
+        } else {
+            vec![ReduceOp::Sum]
         };
         let dtypes_named = !self.dtypes.contains(&Choice::All);
         let ops_named = !self.ops.contains(&Choice::All);
@@ -138,6 +201,11 @@ impl Args {
             pairs.truncate(1);
         }
         Ok(pairs)
+    }
+
+    /// Collectives started at once per iteration: `--nonblocking K`, else 1.
+    fn in_flight(&self) -> usize {
+        self.nonblocking.map_or(1, NonZeroUsize::get)
     }
 }
 
@@ -223,49 +291,62 @@ pub fn input_table(dtype: DataType, op: ReduceOp, i: u64, r: u16) -> Vec<u8> {
     }
 }
 
-/// The expected result of every element, in a form cheap enough per element that
+/// The expected value of every element, in a form cheap enough per element that
 /// checking a result costs about what the MPI reference's check costs (a multiply and
 /// a compare): otherwise the ranks leave their checks at times further apart than MPI's
 /// ranks do, and the next iteration's time, the slowest rank's, carries the difference.
 #[derive(Debug, Clone, PartialEq)]
 enum Expected {
-    /// `(i as u32) * k`, wrapping: INT32 inputs are `i * (rank + 1)`, so their sum, and a
-    /// Broadcast's input, are multiples of `i` modulo 2^32.
+    /// `(i as u32) * k`, wrapping: INT32 inputs are `i * (rank + 1)`, so their sum, and
+    /// one rank's input, are multiples of `i` modulo 2^32.
     Multiple(u32),
     /// `table[i % 1024]`: FLOAT32 inputs repeat every 1024 elements.
     Periodic(Vec<u32>),
     /// The fold over the ranks (INT32 but SUM, whose wrapping inputs have no closed
     /// form).
     Fold(DataType, ReduceOp, u16),
-    /// Native-order bytes of the `TABLE_PERIOD` results of [`input_table`]'s inputs,
-    /// and the element size.
+    /// Native-order bytes of the `TABLE_PERIOD` values of [`input_table`]'s inputs (or
+    /// of their reductions), and the element size.
     Table(Vec<u8>, usize),
 }
 
 impl Expected {
-    fn new(which: Collective, dtype: DataType, op: ReduceOp, root: u16, world: u16) -> Self {
-        const PERIOD: u64 = 1024;
+    const PERIOD: u64 = 1024;
+
+    /// Rank `rank`'s input: what a Broadcast from it delivers, and AllGather's block
+    /// `rank` (at its indices in the whole buffer).
+    fn input(dtype: DataType, op: ReduceOp, rank: u16) -> Self {
         if !seed_inputs(dtype, op) {
-            return Expected::table(which, dtype, op, root, world);
+            return Expected::table(dtype, |i| input_table(dtype, op, i, rank));
         }
-        match (which, dtype, op) {
-            (Collective::Broadcast, DataType::Int32, _) => Expected::Multiple(u32::from(root) + 1),
-            (Collective::Broadcast, _, _) => {
-                Expected::Periodic((0..PERIOD).map(|i| input_f32(i, root).to_bits()).collect())
-            }
-            (_, DataType::Int32, ReduceOp::Sum) => {
+        match dtype {
+            DataType::Int32 => Expected::Multiple(u32::from(rank) + 1),
+            _ => Expected::Periodic(
+                (0..Self::PERIOD).map(|i| input_f32(i, rank).to_bits()).collect(),
+            ),
+        }
+    }
+
+    /// The reduction of every rank's input over `world` ranks, AVG divided as the hosts
+    /// do.
+    fn reduced(dtype: DataType, op: ReduceOp, world: u16) -> Self {
+        if !seed_inputs(dtype, op) {
+            return Expected::table_fold(dtype, op, world);
+        }
+        match (dtype, op) {
+            (DataType::Int32, ReduceOp::Sum) => {
                 Expected::Multiple((1..=u32::from(world)).fold(0, u32::wrapping_add))
             }
-            (_, DataType::Int32, _) => Expected::Fold(dtype, op, world),
+            (DataType::Int32, _) => Expected::Fold(dtype, op, world),
             _ => Expected::Periodic(
-                (0..PERIOD).map(|i| expected_bits(dtype, op, i, world)).collect(),
+                (0..Self::PERIOD).map(|i| expected_bits(dtype, op, i, world)).collect(),
             ),
         }
     }
 
     /// The fold over ranks of [`input_table`]'s inputs (in rank order: every order
     /// gives the same bits for these inputs), AVG divided as the hosts do.
-    fn table(which: Collective, dtype: DataType, op: ReduceOp, root: u16, world: u16) -> Self {
+    fn table_fold(dtype: DataType, op: ReduceOp, world: u16) -> Self {
         struct Fold(ReduceOp, u16, Vec<Vec<u8>>);
         impl inc_wire::TypeVisitor for Fold {
             type Output = Vec<u8>;
@@ -281,16 +362,15 @@ impl Expected {
                 out
             }
         }
-        let bytes = (0..TABLE_PERIOD)
-            .flat_map(|i| match which {
-                Collective::Broadcast => input_table(dtype, op, i, root),
-                _ => {
-                    let ranks = (0..world.max(1)).map(|r| input_table(dtype, op, i, r)).collect();
-                    dtype.visit(Fold(op, world, ranks))
-                }
-            })
-            .collect();
-        Expected::Table(bytes, dtype.size())
+        Expected::table(dtype, |i| {
+            let ranks = (0..world.max(1)).map(|r| input_table(dtype, op, i, r)).collect();
+            dtype.visit(Fold(op, world, ranks))
+        })
+    }
+
+    /// The table of `elem(i)` for one period of [`input_table`].
+    fn table(dtype: DataType, elem: impl Fn(u64) -> Vec<u8>) -> Self {
+        Expected::Table((0..TABLE_PERIOD).flat_map(elem).collect(), dtype.size())
     }
 
     /// Element `i`'s expected bits.
@@ -306,22 +386,23 @@ impl Expected {
         }
     }
 
-    /// The first element of `got` that differs: (index, got, expected), as bits.
-    fn first_mismatch<T: inccl::Element>(&self, got: &[T]) -> Option<(usize, u64, u64)> {
+    /// The first element of `got`, whose elements have the indices from `first` on,
+    /// that differs: (position in `got`, got, expected), as bits.
+    fn first_mismatch<T: Element>(&self, got: &[T], first: u64) -> Option<(usize, u64, u64)> {
         let bytes: &[u8] = bytemuck::cast_slice(got);
         let size = std::mem::size_of::<T>();
-        let at = |i: usize, v: u64| {
-            let want = self.at(i as u64);
-            (v != want).then_some((i, v, want))
+        let at = |j: usize, v: u64| {
+            let want = self.at(first + j as u64);
+            (v != want).then_some((j, v, want))
         };
         match self {
             // The common case as a plain loop the compiler can vectorise.
             Expected::Multiple(k) if size == 4 => bytemuck::cast_slice::<T, u32>(got)
                 .iter()
                 .enumerate()
-                .find(|(i, v)| **v != (*i as u32).wrapping_mul(*k))
-                .and_then(|(i, v)| at(i, u64::from(*v))),
-            _ => bytes.chunks_exact(size).enumerate().find_map(|(i, v)| at(i, bits(v))),
+                .find(|(j, v)| **v != (first as u32).wrapping_add(*j as u32).wrapping_mul(*k))
+                .and_then(|(j, v)| at(j, u64::from(*v))),
+            _ => bytes.chunks_exact(size).enumerate().find_map(|(j, v)| at(j, bits(v))),
         }
     }
 }
@@ -339,7 +420,7 @@ fn bits(b: &[u8]) -> u64 {
 }
 
 /// Input element `i` of `rank` for `(T, op)`.
-fn input_elem<T: inccl::Element>(op: ReduceOp, i: u64, rank: u16) -> T {
+fn input_elem<T: Element>(op: ReduceOp, i: u64, rank: u16) -> T {
     match T::DTYPE {
         DataType::Int32 => T::load_ne(&input_i32(i, rank).to_ne_bytes()),
         DataType::Float32 if op != ReduceOp::Prod => T::load_ne(&input_f32(i, rank).to_ne_bytes()),
@@ -347,12 +428,14 @@ fn input_elem<T: inccl::Element>(op: ReduceOp, i: u64, rank: u16) -> T {
     }
 }
 
-/// Result of one (type, operator) pair of a program run.
+/// Result of one (count, type, operator) row of a program run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Report {
+    /// Elements per rank (per block for ReduceScatter and AllGather; 0 for Barrier).
+    pub count: u64,
     /// Element type.
     pub dtype: DataType,
-    /// Operator (SUM for Broadcast and Barrier).
+    /// Operator (SUM for the collectives without one).
     pub op: ReduceOp,
     /// Every iteration verified.
     pub pass: bool,
@@ -360,57 +443,189 @@ pub struct Report {
     pub times: Vec<Duration>,
 }
 
-fn run_typed<T: inccl::Element>(
+/// A part of a rank's result buffer and what it must hold after the collective: its
+/// elements are `expected`'s at the indices from `first` on (the indices of the whole,
+/// `world_size`-block buffer, which is where every rank's inputs are defined).
+#[derive(Debug)]
+struct Part {
+    range: Range<usize>,
+    expected: Expected,
+    first: u64,
+}
+
+/// One rank's buffers of one collective of `n` elements (per block): the indices of its
+/// input, the length of its result buffer, where the input is placed in the result
+/// buffer before the call, and what the result buffer must hold after it.
+#[derive(Debug)]
+struct Layout {
+    input: Range<u64>,
+    buf_len: usize,
+    preload: Option<usize>,
+    parts: Vec<Part>,
+}
+
+impl Layout {
+    fn new(call: &Call, dtype: DataType, n: usize, world: u16) -> anyhow::Result<Self> {
+        let Call { which, op, root, rank, in_place } = *call;
+        let w = usize::from(world);
+        let whole = n.checked_mul(w).context("count times world size overflows")?;
+        let (n64, mine) = (n as u64, usize::from(rank));
+        let reduced = || Expected::reduced(dtype, op, world);
+        // All of a one-block buffer, or block `b` of a whole one.
+        let all = |expected| Part { range: 0..n, expected, first: 0 };
+        let block = |b: usize, expected| Part {
+            range: b * n..(b + 1) * n,
+            expected,
+            first: (b * n) as u64,
+        };
+        let placed = in_place.then_some(0);
+        let (input, buf_len, preload, parts) = match which {
+            Collective::AllReduce => (0..n64, n, placed, vec![all(reduced())]),
+            Collective::Reduce if rank == root => (0..n64, n, placed, vec![all(reduced())]),
+            Collective::Reduce => (0..n64, if in_place { n } else { 0 }, placed, Vec::new()),
+            Collective::Broadcast => {
+                let preload = (rank == root).then_some(0);
+                (0..n64, n, preload, vec![all(Expected::input(dtype, op, root))])
+            }
+            Collective::ReduceScatter if in_place => {
+                let own = |b| if b == mine { reduced() } else { Expected::input(dtype, op, rank) };
+                (0..whole as u64, whole, placed, (0..w).map(|b| block(b, own(b))).collect())
+            }
+            Collective::ReduceScatter => {
+                let part = Part { range: 0..n, expected: reduced(), first: mine as u64 * n64 };
+                (0..whole as u64, n, None, vec![part])
+            }
+            Collective::AllGather => {
+                let first = mine as u64 * n64;
+                let parts =
+                    (0..world).map(|b| block(usize::from(b), Expected::input(dtype, op, b)));
+                (first..first + n64, whole, in_place.then_some(mine * n), parts.collect())
+            }
+            Collective::Barrier => (0..0, 0, None, Vec::new()),
+        };
+        Ok(Layout { input, buf_len, preload, parts })
+    }
+}
+
+/// One collective call as the arguments make it.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    which: Collective,
+    op: ReduceOp,
+    root: u16,
+    rank: u16,
+    in_place: bool,
+}
+
+impl Call {
+    /// Runs the collective on `buf`, input from `src` unless in place.
+    fn blocking<T: Element>(
+        &self,
+        comm: &mut Communicator,
+        src: &[T],
+        buf: &mut [T],
+    ) -> inccl::Result<()> {
+        let Call { which, op, root, in_place, .. } = *self;
+        match which {
+            Collective::AllReduce if in_place => comm.allreduce_in_place(buf, op),
+            Collective::AllReduce => comm.allreduce(src, buf, op),
+            Collective::Reduce if in_place => {
+                comm.reduce_bytes_in_place(bytemuck::cast_slice_mut(buf), T::DTYPE, op, root)
+            }
+            Collective::Reduce => comm.reduce(src, buf, op, root),
+            Collective::Broadcast => comm.broadcast(buf, root),
+            Collective::ReduceScatter if in_place => comm.reduce_scatter_in_place(buf, op),
+            Collective::ReduceScatter => comm.reduce_scatter(src, buf, op),
+            Collective::AllGather if in_place => comm.allgather_in_place(buf),
+            Collective::AllGather => comm.allgather(src, buf),
+            Collective::Barrier => comm.barrier(),
+        }
+    }
+
+    /// Starts the collective on `buf` in `scope` (in place only where
+    /// [`checked_pairs`] allows it).
+    fn start<'s, 'env, T: Element>(
+        &self,
+        scope: &Scope<'s, 'env>,
+        src: &'env [T],
+        buf: &'env mut [T],
+    ) -> inccl::Result<Request<'s>> {
+        let Call { which, op, root, in_place, .. } = *self;
+        match which {
+            Collective::AllReduce if in_place => scope.iallreduce_in_place(buf, op),
+            Collective::AllReduce => scope.iallreduce(src, buf, op),
+            Collective::Reduce => scope.ireduce(src, buf, op, root),
+            Collective::Broadcast => scope.ibroadcast(buf, root),
+            Collective::ReduceScatter => scope.ireduce_scatter(src, buf, op),
+            Collective::AllGather => scope.iallgather(src, buf),
+            Collective::Barrier => scope.ibarrier(),
+        }
+    }
+}
+
+fn run_typed<T: Element>(
     comm: &mut Communicator,
     which: Collective,
     args: &Args,
+    count: u64,
     op: ReduceOp,
 ) -> anyhow::Result<Report> {
-    let n = usize::try_from(args.count).context("count does not fit this machine's memory")?;
+    let n = usize::try_from(count).context("count does not fit this machine's memory")?;
     let (rank, world) = (comm.rank(), comm.world_size());
-    let src: Vec<T> = (0..n as u64).map(|i| input_elem(op, i, rank)).collect();
-    let mut dst: Vec<T> = vec![<T as bytemuck::Zeroable>::zeroed(); n];
+    let call = Call { which, op, root: args.root, rank, in_place: args.in_place };
+    let layout = Layout::new(&call, T::DTYPE, n, world)?;
+    let src: Vec<T> = layout.input.clone().map(|i| input_elem(op, i, rank)).collect();
+    let zero = <T as bytemuck::Zeroable>::zeroed();
+    let mut bufs: Vec<Vec<T>> = vec![vec![zero; layout.buf_len]; args.in_flight()];
     let mut times = Vec::new();
     let mut pass = true;
-    let expected = Expected::new(which, T::DTYPE, op, args.root, world);
     for it in 0..args.warmup + args.iters {
-        dst.iter_mut().for_each(|v| *v = <T as bytemuck::Zeroable>::zeroed());
+        for buf in &mut bufs {
+            buf.fill(zero);
+            if let Some(at) = layout.preload {
+                buf[at..at + src.len()].copy_from_slice(&src);
+            }
+        }
         let t = Instant::now();
-        match which {
-            Collective::AllReduce => comm.allreduce(&src, &mut dst, op)?,
-            Collective::Reduce => {
-                let out: &mut [T] = if rank == args.root { &mut dst } else { &mut [] };
-                comm.reduce(&src, out, op, args.root)?
-            }
-            Collective::Broadcast => {
-                if rank == args.root {
-                    dst.copy_from_slice(&src);
+        if args.nonblocking.is_some() {
+            let (src, bufs) = (&src[..], &mut bufs[..]);
+            comm.scope(move |s| -> anyhow::Result<()> {
+                let mut started = Vec::with_capacity(bufs.len());
+                for (k, buf) in bufs.iter_mut().enumerate() {
+                    started.push(call.start(s, src, buf).with_context(|| format!("request {k}"))?);
                 }
-                comm.broadcast(&mut dst, args.root)?
-            }
-            Collective::Barrier => comm.barrier()?,
+                for (k, request) in started.into_iter().enumerate() {
+                    request.wait().with_context(|| format!("request {k}"))?;
+                }
+                Ok(())
+            })?;
+        } else {
+            call.blocking(comm, &src, &mut bufs[0])?;
         }
         let elapsed = t.elapsed();
-        let check = match which {
-            Collective::AllReduce => true,
-            Collective::Reduce => rank == args.root,
-            Collective::Broadcast => true,
-            Collective::Barrier => false,
-        };
-        if check {
-            if let Some((i, got, exp)) = expected.first_mismatch(&dst) {
-                let w = 2 + 2 * std::mem::size_of::<T>();
-                eprintln!(
-                    "rank {rank}: iteration {it}: element {i} is {got:#0w$x}, expected {exp:#0w$x}"
-                );
-                pass = false;
+        for (k, buf) in bufs.iter().enumerate() {
+            for part in &layout.parts {
+                let got = &buf[part.range.clone()];
+                if let Some((j, got, exp)) = part.expected.first_mismatch(got, part.first) {
+                    let w = 2 + 2 * std::mem::size_of::<T>();
+                    let request = if args.nonblocking.is_some() {
+                        format!(" request {k}:")
+                    } else {
+                        String::new()
+                    };
+                    let i = part.range.start + j;
+                    eprintln!(
+                        "rank {rank}: iteration {it}:{request} element {i} is {got:#0w$x}, expected {exp:#0w$x}"
+                    );
+                    pass = false;
+                }
             }
         }
         if it >= args.warmup {
             times.push(elapsed);
         }
     }
-    Ok(Report { dtype: T::DTYPE, op, pass, times })
+    Ok(Report { count, dtype: T::DTYPE, op, pass, times })
 }
 
 /// [`run_typed`] for a table row's Rust type (every one is an `inccl::Element`).
@@ -418,12 +633,13 @@ fn run_elem<E: inc_wire::reduce::Elem>(
     comm: &mut Communicator,
     which: Collective,
     args: &Args,
+    count: u64,
     op: ReduceOp,
 ) -> anyhow::Result<Report> {
     macro_rules! rows {
         ($($t:ty),*) => {
             $(if E::DTYPE == <$t as inc_wire::reduce::Elem>::DTYPE {
-                return run_typed::<$t>(comm, which, args, op);
+                return run_typed::<$t>(comm, which, args, count, op);
             })*
         };
     }
@@ -431,29 +647,34 @@ fn run_elem<E: inc_wire::reduce::Elem>(
     bail!("datatype {} has no Rust element type in the host programs", E::DTYPE)
 }
 
-fn run_barrier(comm: &mut Communicator, args: &Args) -> anyhow::Result<Report> {
-    let mut times = Vec::new();
-    for it in 0..args.warmup + args.iters {
-        let t = Instant::now();
-        comm.barrier()?;
-        if it >= args.warmup {
-            times.push(t.elapsed());
-        }
-    }
-    Ok(Report { dtype: DataType::Int32, op: ReduceOp::Sum, pass: true, times })
-}
-
-/// The pairs to run, after the checks that need no peer (names, pairs, root).
+/// The pairs to run, after the checks that need no peer (names, pairs, root, the
+/// non-blocking calls' in-place forms, requests in flight).
 fn checked_pairs(which: Collective, args: &Args) -> anyhow::Result<Vec<(DataType, ReduceOp)>> {
-    if matches!(which, Collective::Reduce | Collective::Broadcast) && args.root >= args.world_size {
+    if which.has_root() && args.root >= args.world_size {
         bail!("--root {} is out of range for world size {}", args.root, args.world_size);
+    }
+    if let Some(k) = args.nonblocking {
+        if k.get() > inccl::MAX_PENDING {
+            bail!(
+                "--nonblocking {k}: a communicator holds at most {} requests",
+                inccl::MAX_PENDING
+            );
+        }
+        let in_place_form =
+            matches!(which, Collective::AllReduce | Collective::Broadcast | Collective::Barrier);
+        if args.in_place && !in_place_form {
+            bail!(
+                "--in-place with --nonblocking: INCCL has no non-blocking in-place {}",
+                which.name()
+            );
+        }
     }
     args.pairs(which)
 }
 
-/// Run a program: create the group and communicator, run and verify every (type,
-/// operator) pair in turn, print a nccl-tests style line for each. Returns the reports
-/// (the caller sets the exit code).
+/// Run a program: create the group and communicator, run and verify every (count,
+/// type, operator) row in turn, print a nccl-tests style line for each. Returns the
+/// reports (the caller sets the exit code).
 pub fn run(which: Collective, args: &Args) -> anyhow::Result<Vec<Report>> {
     let pairs = checked_pairs(which, args)?;
     let mut gcfg = GroupConfig::from_env(args.world_size, args.rank, args.master_addr.clone())?;
@@ -462,28 +683,30 @@ pub fn run(which: Collective, args: &Args) -> anyhow::Result<Vec<Report>> {
     }
     let group = Group::create(gcfg).context("creating the group")?;
     let widest = pairs.iter().map(|(d, _)| d.size() as u64).max().unwrap_or(1);
-    let bytes = args.count.saturating_mul(widest);
+    let largest = args.counts.iter().copied().max().unwrap_or(0);
+    let bytes = largest.saturating_mul(widest).saturating_mul(which.blocks(args.world_size));
     let mut ccfg = CommConfig::from_env(bytes)?;
     if let Some(t) = args.transport {
         ccfg.transport = t;
     }
     let mut comm = group.communicator(ccfg).context("creating the communicator")?;
-    struct Typed<'a>(&'a mut Communicator, Collective, &'a Args, ReduceOp);
+    struct Typed<'a>(&'a mut Communicator, Collective, &'a Args, u64, ReduceOp);
     impl inc_wire::TypeVisitor for Typed<'_> {
         type Output = anyhow::Result<Report>;
         fn visit<E: inc_wire::reduce::Elem>(self) -> anyhow::Result<Report> {
-            run_elem::<E>(self.0, self.1, self.2, self.3)
+            run_elem::<E>(self.0, self.1, self.2, self.3, self.4)
         }
     }
+    // A barrier has no data: it runs once, whatever the counts.
+    let counts = if which == Collective::Barrier { vec![0] } else { args.counts.clone() };
     println!("{REPORT_HEADER}");
     let mut reports = Vec::new();
-    for (dtype, op) in pairs {
-        let report = match which {
-            Collective::Barrier => run_barrier(&mut comm, args)?,
-            _ => dtype.visit(Typed(&mut comm, which, args, op))?,
-        };
-        print_report(which, args, &report);
-        reports.push(report);
+    for &count in &counts {
+        for &(dtype, op) in &pairs {
+            let report = dtype.visit(Typed(&mut comm, which, args, count, op))?;
+            print_report(which, args, &report);
+            reports.push(report);
+        }
     }
     if args.wait_stdin {
         use std::io::{Read, Write};
@@ -507,38 +730,31 @@ pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
 }
 
 /// Column header of the result line.
-pub const REPORT_HEADER: &str = "#  rank  collective        size(B)      count     type   op  root  iters    p50(us)  min(us)  p99(us)  max(us)  algbw(GB/s)  algbw(Gbps)  result";
+pub const REPORT_HEADER: &str = "#  rank  collective           size(B)      count     type   op  root  iters    p50(us)  min(us)  p99(us)  max(us)  algbw(GB/s)  algbw(Gbps)  result";
+
+/// Bytes of one timed iteration: the whole buffer of each collective started in it
+/// (world_size blocks for ReduceScatter and AllGather, as nccl-tests counts them).
+fn iteration_bytes(which: Collective, args: &Args, r: &Report) -> u64 {
+    let blocks = which.blocks(args.world_size);
+    r.count * r.dtype.size() as u64 * blocks * args.in_flight() as u64
+}
 
 fn print_report(which: Collective, args: &Args, r: &Report) {
-    let bytes = if which == Collective::Barrier { 0 } else { args.count * r.dtype.size() as u64 };
+    let bytes = iteration_bytes(which, args, r);
     let mut sorted = r.times.clone();
     sorted.sort();
     let p50 = quantile(&sorted, 0.5);
     let us = |t: Duration| t.as_secs_f64() * 1e6;
     let algbw = |t: Duration| if t.is_zero() { 0.0 } else { bytes as f64 / t.as_secs_f64() / 1e9 };
-    let name = match which {
-        Collective::AllReduce => "allreduce",
-        Collective::Reduce => "reduce",
-        Collective::Broadcast => "broadcast",
-        Collective::Barrier => "barrier",
-    };
     println!(
-        "  {:>5}  {:<10} {:>14} {:>10} {:>8} {:>4} {:>5} {:>6} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.3} {:>12.3}  {}",
+        "  {:>5}  {:<13} {:>14} {:>10} {:>8} {:>4} {:>5} {:>6} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.3} {:>12.3}  {}",
         args.rank,
-        name,
+        which.name(),
         bytes,
-        if which == Collective::Barrier { 0 } else { args.count },
+        r.count,
         if which == Collective::Barrier { "-".to_string() } else { r.dtype.to_string() },
-        if matches!(which, Collective::Broadcast | Collective::Barrier) {
-            "-".to_string()
-        } else {
-            r.op.to_string()
-        },
-        if matches!(which, Collective::Reduce | Collective::Broadcast) {
-            args.root.to_string()
-        } else {
-            "-".to_string()
-        },
+        if which.has_op() { r.op.to_string() } else { "-".to_string() },
+        if which.has_root() { args.root.to_string() } else { "-".to_string() },
         r.times.len(),
         us(p50),
         us(quantile(&sorted, 0.0)),
@@ -555,7 +771,7 @@ fn print_report(which: Collective, args: &Args, r: &Report) {
     }
 }
 
-/// `main` of the three programs.
+/// `main` of the programs.
 pub fn main_for(which: Collective) -> std::process::ExitCode {
     inc_log::init("INCCL_LOG", "warn");
     let args = Args::parse();
@@ -593,43 +809,111 @@ mod tests {
     fn expected_forms_agree_with_the_fold() {
         let indices = (0..3000u64).chain([0x4000_0000, 0x8000_0001, u64::from(u32::MAX), 1 << 33]);
         let indices: Vec<u64> = indices.collect();
-        for which in [Collective::AllReduce, Collective::Reduce, Collective::Broadcast] {
+        for input in [false, true] {
             for dtype in [DataType::Int32, DataType::Float32] {
                 let ops = ReduceOp::reductions().filter(|o| o.applies_to(dtype));
                 for op in ops.filter(|o| seed_inputs(dtype, *o)) {
                     for (world, root) in [(1, 0), (4, 0), (4, 3), (7, 5)] {
-                        let e = Expected::new(which, dtype, op, root, world);
+                        let e = if input {
+                            Expected::input(dtype, op, root)
+                        } else {
+                            Expected::reduced(dtype, op, world)
+                        };
                         for &i in &indices {
-                            let want = match (which, dtype) {
-                                (Collective::Broadcast, DataType::Int32) => {
-                                    input_i32(i, root) as u32
-                                }
-                                (Collective::Broadcast, DataType::Float32) => {
-                                    input_f32(i, root).to_bits()
-                                }
-                                _ => expected_bits(dtype, op, i, world),
+                            let want = match (input, dtype) {
+                                (true, DataType::Int32) => input_i32(i, root) as u32,
+                                (true, _) => input_f32(i, root).to_bits(),
+                                (false, _) => expected_bits(dtype, op, i, world),
                             };
                             assert_eq!(
                                 e.at(i),
                                 u64::from(want),
-                                "{which:?} {dtype:?} {op:?} {world} {root} {i}"
+                                "input {input} {dtype:?} {op:?} {world} {root} {i}"
                             );
                         }
                     }
                 }
             }
         }
-        let e = Expected::new(Collective::AllReduce, DataType::Int32, ReduceOp::Sum, 0, 4);
+        let e = Expected::reduced(DataType::Int32, ReduceOp::Sum, 4);
         let mut got: Vec<i32> = (0..100u64).map(|i| e.at(i) as i32).collect();
-        assert_eq!(e.first_mismatch(&got), None);
+        assert_eq!(e.first_mismatch(&got, 0), None);
         got[37] ^= 1;
         got[90] = 0;
-        assert_eq!(e.first_mismatch(&got), Some((37, 370 ^ 1, 370)));
-        let e = Expected::new(Collective::AllReduce, DataType::Float32, ReduceOp::Max, 0, 4);
+        assert_eq!(e.first_mismatch(&got, 0), Some((37, 370 ^ 1, 370)));
+        // From index 1000 on (a later block): position 37 is index 1037.
+        let mut got: Vec<i32> = (1000..1100u64).map(|i| e.at(i) as i32).collect();
+        assert_eq!(e.first_mismatch(&got, 1000), None);
+        assert_eq!(e.first_mismatch(&got, 0).map(|m| m.0), Some(0));
+        got[37] = 0;
+        assert_eq!(e.first_mismatch(&got, 1000), Some((37, 0, 10370)));
+        let e = Expected::reduced(DataType::Float32, ReduceOp::Max, 4);
         let mut got: Vec<f32> = (0..2000u64).map(|i| f32::from_bits(e.at(i) as u32)).collect();
-        assert_eq!(e.first_mismatch(&got), None);
+        assert_eq!(e.first_mismatch(&got, 0), None);
         got[1500] = 0.5;
-        assert_eq!(e.first_mismatch(&got).map(|m| m.0), Some(1500));
+        assert_eq!(e.first_mismatch(&got, 0).map(|m| m.0), Some(1500));
+    }
+
+    /// Each collective's layout, in place and out of place, on every rank: the buffers
+    /// as the collective's definition leaves them (computed here from every rank's
+    /// input) pass the parts, which cover every element a rank checks; a wrong element
+    /// anywhere in them is found.
+    #[test]
+    fn layouts_check_what_each_collective_defines() {
+        use Collective::*;
+        let (world, n, root) = (3u16, 5usize, 1u16);
+        let w = usize::from(world);
+        let op = ReduceOp::Max;
+        let max = |i: usize| (0..world).map(|q| input_i32(i as u64, q)).max().unwrap();
+        for which in [AllReduce, Reduce, Broadcast, ReduceScatter, AllGather, Barrier] {
+            for in_place in [false, true] {
+                for rank in 0..world {
+                    let call = Call { which, op, root, rank, in_place };
+                    let layout = Layout::new(&call, DataType::Int32, n, world).unwrap();
+                    let src: Vec<i32> = layout.input.clone().map(|i| input_i32(i, rank)).collect();
+                    let r = usize::from(rank);
+                    let mut buf: Vec<i32> = match (which, in_place) {
+                        (AllReduce, _) => (0..n).map(max).collect(),
+                        (Reduce, _) if rank == root => (0..n).map(max).collect(),
+                        (Reduce, true) => src.clone(),
+                        (Reduce, false) | (Barrier, _) => Vec::new(),
+                        (Broadcast, _) => (0..n).map(|i| input_i32(i as u64, root)).collect(),
+                        (ReduceScatter, false) => (r * n..(r + 1) * n).map(max).collect(),
+                        (ReduceScatter, true) => {
+                            let mut b = src.clone();
+                            (r * n..(r + 1) * n).for_each(|i| b[i] = max(i));
+                            b
+                        }
+                        (AllGather, _) => {
+                            (0..w * n).map(|i| input_i32(i as u64, (i / n) as u16)).collect()
+                        }
+                    };
+                    assert_eq!(buf.len(), layout.buf_len, "{which:?} {in_place} {rank}");
+                    let mismatch = |buf: &[i32]| {
+                        layout.parts.iter().find_map(|p| {
+                            let got = &buf[p.range.clone()];
+                            p.expected.first_mismatch(got, p.first).map(|m| p.range.start + m.0)
+                        })
+                    };
+                    assert_eq!(mismatch(&buf), None, "{which:?} {in_place} {rank}");
+                    let checked: usize = layout.parts.iter().map(|p| p.range.len()).sum();
+                    let checks = !matches!(which, Barrier) && (which != Reduce || rank == root);
+                    assert_eq!(checked, if checks { buf.len() } else { 0 }, "{which:?}");
+                    for i in 0..checked {
+                        buf[i] ^= 0x100;
+                        assert_eq!(mismatch(&buf), Some(i), "{which:?} {in_place} {rank} {i}");
+                        buf[i] ^= 0x100;
+                    }
+                    // In place (and on Broadcast's root) the input goes in at its own
+                    // indices of the whole buffer.
+                    if let Some(at) = layout.preload {
+                        assert!(in_place || (which == Broadcast && rank == root));
+                        assert_eq!(at as u64, layout.input.start, "{which:?} {rank}");
+                        assert!(at + src.len() <= layout.buf_len, "{which:?} {rank}");
+                    }
+                }
+            }
+        }
     }
 
     /// The table inputs give the same result in any combining order (here: ranks in
@@ -643,7 +927,7 @@ mod tests {
             type Output = ();
             fn visit<E: inc_wire::reduce::Elem>(self) {
                 let Orders(op, world) = self;
-                let e = Expected::new(Collective::AllReduce, E::DTYPE, op, 0, world);
+                let e = Expected::reduced(E::DTYPE, op, world);
                 let got: Vec<E> = (0..2 * TABLE_PERIOD)
                     .map(|i| {
                         let v: Vec<E> = (0..world)
@@ -682,11 +966,11 @@ mod tests {
                 }
             }
         }
-        let e = Expected::new(Collective::AllReduce, DataType::Uint8, ReduceOp::Bxor, 0, 4);
+        let e = Expected::reduced(DataType::Uint8, ReduceOp::Bxor, 4);
         let mut got: Vec<u8> = (0..3000u64).map(|i| e.at(i) as u8).collect();
-        assert_eq!(e.first_mismatch(&got), None);
+        assert_eq!(e.first_mismatch(&got, 0), None);
         got[2500] ^= 0x10;
-        assert_eq!(e.first_mismatch(&got).map(|m| m.0), Some(2500));
+        assert_eq!(e.first_mismatch(&got, 0).map(|m| m.0), Some(2500));
     }
 
     #[test]
@@ -710,9 +994,49 @@ mod tests {
             "x", "4", "10.0.0.1", "2", "1024", "--dtype", "float32", "--op", "max", "--root", "1",
         ])
         .unwrap();
-        assert_eq!((a.world_size, a.rank, a.count, a.root), (4, 2, 1024, 1));
+        assert_eq!((a.world_size, a.rank, &a.counts[..], a.root), (4, 2, &[1024][..], 1));
         assert_eq!(a.pairs(Collective::AllReduce).unwrap(), [(DataType::Float32, ReduceOp::Max)]);
         assert!(Args::try_parse_from(["x", "4", "h", "0", "8", "--op", "mean"]).is_err());
+        let a = Args::try_parse_from(["x", "4", "h", "0", "1,7,65537"]).unwrap();
+        assert_eq!(a.counts, [1, 7, 65537]);
+        assert!(Args::try_parse_from(["x", "4", "h", "0", "8", "9"]).is_err());
+        assert!(Args::try_parse_from(["x", "4", "h", "0", "8,x"]).is_err());
+    }
+
+    /// --nonblocking: at least one request, at most a communicator's; in place only
+    /// where the library has a non-blocking in-place call. The iteration's bytes are
+    /// those of every block of every request.
+    #[test]
+    fn nonblocking_and_in_place() {
+        use Collective::*;
+        let parse = |extra: &[&str]| {
+            let mut v = vec!["x", "4", "h", "0", "8"];
+            v.extend_from_slice(extra);
+            Args::try_parse_from(v)
+        };
+        assert!(parse(&["--nonblocking", "0"]).is_err());
+        let a = parse(&["--nonblocking", "8", "--in-place"]).unwrap();
+        for which in [AllReduce, Broadcast, Barrier] {
+            assert!(checked_pairs(which, &a).is_ok(), "{which:?}");
+        }
+        for which in [Reduce, ReduceScatter, AllGather] {
+            let e = checked_pairs(which, &a).unwrap_err().to_string();
+            assert!(e.contains(which.name()) && e.contains("--in-place"), "{e}");
+        }
+        let a = parse(&["--nonblocking", "8"]).unwrap();
+        assert!(checked_pairs(ReduceScatter, &a).is_ok());
+        let report = Report {
+            count: 8,
+            dtype: DataType::Float64,
+            op: ReduceOp::Sum,
+            pass: true,
+            times: Vec::new(),
+        };
+        assert_eq!(iteration_bytes(AllGather, &a, &report), 8 * 8 * 4 * 8);
+        assert_eq!(iteration_bytes(AllReduce, &a, &report), 8 * 8 * 8);
+        let over = (inccl::MAX_PENDING + 1).to_string();
+        let e = checked_pairs(AllReduce, &parse(&["--nonblocking", &over]).unwrap()).unwrap_err();
+        assert!(e.to_string().contains(&over), "{e}");
     }
 
     /// Lists and `all` expand in order, each row once; a named pair that does not apply
@@ -744,6 +1068,11 @@ mod tests {
             a.pairs(Collective::Broadcast).unwrap(),
             [(Float64, ReduceOp::Sum), (Int8, ReduceOp::Sum)]
         );
+        assert_eq!(
+            a.pairs(Collective::AllGather).unwrap(),
+            a.pairs(Collective::Broadcast).unwrap()
+        );
+        assert_eq!(a.pairs(Collective::ReduceScatter).unwrap(), pairs);
         assert_eq!(a.pairs(Collective::Barrier).unwrap().len(), 1);
         let a = parse(&["--dtype", "float32", "--op", "all"]);
         assert!(a.pairs(Collective::AllReduce).unwrap().iter().all(|(_, o)| o.applies_to(Float32)));

@@ -62,7 +62,7 @@ fn programs_pass_for_every_operator_and_datatype() {
             inccl::ReduceOp::reductions().filter(|o| o.applies_to(*d)).count()
         };
         match coll {
-            "broadcast" => inccl::DataType::ALL.len(),
+            "broadcast" | "allgather" => inccl::DataType::ALL.len(),
             _ => inccl::DataType::ALL.iter().map(count).sum(),
         }
     };
@@ -70,6 +70,8 @@ fn programs_pass_for_every_operator_and_datatype() {
         (env!("CARGO_BIN_EXE_inccl-allreduce"), "allreduce", &[][..]),
         (env!("CARGO_BIN_EXE_inccl-reduce"), "reduce", &["--root", "3"][..]),
         (env!("CARGO_BIN_EXE_inccl-broadcast"), "broadcast", &["--root", "2"][..]),
+        (env!("CARGO_BIN_EXE_inccl-reducescatter"), "reducescatter", &[][..]),
+        (env!("CARGO_BIN_EXE_inccl-allgather"), "allgather", &["--in-place"][..]),
     ] {
         let mut args = vec!["--dtype", "all", "--op", "all"];
         args.extend_from_slice(extra);
@@ -99,6 +101,7 @@ fn bad_arguments_are_refused() {
     refused(&["--dtype", "float16", "--op", "bxor"], &["bxor", "float16"]);
     refused(&["--dtype", "int32,float64", "--op", "band", "--check"], &["band", "float64"]);
     refused(&["--dtype", "int33"], &["int33", "bfloat16"]);
+    refused(&["--in-place", "--nonblocking", "2"], &["--in-place", "reduce"]);
 }
 
 #[test]

@@ -107,3 +107,85 @@ fn one_process_per_switch() {
         ],
     );
 }
+
+/// Every pair of ReduceScatter (every type and operator) or AllGather (every type) at
+/// counts per block 1, 7 and 65537 in turn on one communicator, out of place or in
+/// place; each rank checks its whole result exactly (in place: also the blocks the
+/// collective leaves alone), and the rows of the last types, operators and count are
+/// there.
+fn every_pair_blocks(tag: &str, topology: &str, coll: &str, in_place: bool) {
+    let mut args = vec![topology, "--collective", coll, "--dtype", "all", "--op", "all"];
+    args.extend(["--count", "1,7,65537"]);
+    if in_place {
+        args.push("--in-place");
+    }
+    let last_op = if coll == "allgather" { " bfloat16 " } else { " bxor " };
+    run_checked(tag, &host_bin(coll), &args, &["RANKS PASS", " float64 ", last_op, " 65537 "]);
+}
+
+#[test]
+fn reducescatter_every_type_and_operator_1_2_4() {
+    every_pair_blocks("rs", T124, "reducescatter", false);
+}
+
+#[test]
+fn reducescatter_every_type_and_operator_in_place_1_2_4() {
+    every_pair_blocks("ri", T124, "reducescatter", true);
+}
+
+#[test]
+fn allgather_every_type_1_2_4() {
+    every_pair_blocks("ag", T124, "allgather", false);
+}
+
+#[test]
+fn allgather_every_type_in_place_1_2_4() {
+    every_pair_blocks("gi", T124, "allgather", true);
+}
+
+const T3: &str = "topologies/3-level.yaml";
+
+#[test]
+fn reducescatter_every_type_and_operator_three_level_tree() {
+    every_pair_blocks("s3", T3, "reducescatter", false);
+}
+
+#[test]
+fn reducescatter_every_type_and_operator_in_place_three_level_tree() {
+    every_pair_blocks("i3", T3, "reducescatter", true);
+}
+
+#[test]
+fn allgather_every_type_three_level_tree() {
+    every_pair_blocks("g3", T3, "allgather", false);
+}
+
+#[test]
+fn allgather_every_type_in_place_three_level_tree() {
+    every_pair_blocks("p3", T3, "allgather", true);
+}
+
+/// 16 Mi int32 elements per block (a 256 MiB buffer on each of the 4 ranks), SUM.
+#[test]
+fn reducescatter_and_allgather_16_mi_per_block_1_2_4() {
+    for (tag, coll) in [("rb", "reducescatter"), ("ab", "allgather")] {
+        let args = [T124, "--collective", coll, "--dtype", "int32", "--count", "16777216"];
+        run_checked(tag, &host_bin(coll), &args, &["RANKS PASS", " 16777216 "]);
+    }
+}
+
+/// Eight collectives started at once per iteration (`--nonblocking 8`) and waited for,
+/// each one's result checked: AllReduce in place, ReduceScatter and AllGather.
+#[test]
+fn nonblocking_eight_at_once_1_2_4() {
+    for (tag, coll, extra) in [
+        ("na", "allreduce", &["--in-place"][..]),
+        ("nr", "reducescatter", &[][..]),
+        ("ng", "allgather", &[][..]),
+    ] {
+        let mut args = vec![T124, "--collective", coll, "--dtype", "int32,float16,float64"];
+        args.extend(["--op", "all", "--count", "7,65537", "--iters", "3", "--nonblocking", "8"]);
+        args.extend(extra);
+        run_checked(tag, &host_bin(coll), &args, &["RANKS PASS", " float64 ", " 65537 "]);
+    }
+}
