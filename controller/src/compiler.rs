@@ -259,6 +259,63 @@ impl Allocator {
         }
     }
 
+    /// Account for what a communicator created by an earlier controller holds on one
+    /// switch, from the rules that switch reports: its QPNs, slots and slot memory
+    /// (slots x mtu x fan-in, as [`compile`] counts it). Refused, with nothing taken,
+    /// when the rules do not fit the topology (unknown switch or port, another port
+    /// address), use a QPN that is taken, exceed the switch's limits, or when this
+    /// communicator already holds a part on the switch.
+    pub fn adopt(&mut self, topo: &Topology, rules: &SwitchRules) -> Result<(), String> {
+        let sw = topo
+            .switch_by_id(rules.switch_id)
+            .map(|i| &topo.switches[i])
+            .ok_or_else(|| format!("switch id {} is not in the topology", rules.switch_id))?;
+        if !VALID_MTUS.contains(&rules.mtu) || rules.window == 0 || rules.window > MAX_WINDOW {
+            return Err(format!("mtu {} / window {} out of range", rules.mtu, rules.window));
+        }
+        if self
+            .comms
+            .get(&rules.comm_id)
+            .is_some_and(|c| c.parts.iter().any(|h| h.switch_id == rules.switch_id))
+        {
+            return Err(format!("already holds a part on switch {}", sw.name));
+        }
+        let sa = self.switches.entry(sw.id).or_default();
+        let mut qpns = Vec::with_capacity(rules.connections.len());
+        for c in &rules.connections {
+            let Some(port) = sw.ports.iter().find(|p| p.name == c.port) else {
+                return Err(format!("switch {} has no port `{}`", sw.name, c.port));
+            };
+            if port.addr.ip != c.local_ip {
+                return Err(format!(
+                    "port {} of switch {} has address {}, the rules say {}",
+                    c.port, sw.name, port.addr.ip, c.local_ip
+                ));
+            }
+            let q = c.local_qpn;
+            if !(2..=MAX_24BIT).contains(&q) || sa.used.contains(&q) || qpns.contains(&q) {
+                return Err(format!("QPN {q:#x} on switch {} is taken or invalid", sw.name));
+            }
+            qpns.push(q);
+        }
+        let slots = u64::from(rules.slots);
+        let memory = slots * u64::from(rules.mtu) * rules.fan_in().max(1) as u64;
+        if sa.slots + slots > u64::from(sw.max_slots)
+            || sa.slot_memory + memory > sw.max_slot_memory
+        {
+            return Err(format!(
+                "{slots} slots / {memory} bytes of slot buffers exceed what switch {} has free",
+                sw.name
+            ));
+        }
+        sa.used.extend(qpns.iter().copied());
+        sa.slots += slots;
+        sa.slot_memory += memory;
+        let part = Holding { switch_id: sw.id, qpns, slots, slot_memory: memory };
+        self.comms.entry(rules.comm_id).or_default().parts.push(part);
+        Ok(())
+    }
+
     /// QPNs in use on a switch.
     pub fn live_qpns(&self, switch_id: u32) -> usize {
         self.switches.get(&switch_id).map_or(0, |s| s.used.len())

@@ -36,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
         core.open(conn, SocketAddr::from(([10, 0, 0, last], 4000)), t0);
     }
     let hello = |id, body| encode(&Envelope::new(id, body)).expect("encode");
-    core.receive(1, &hello(1, Message::RegisterSwitch { switch_id: 1, token: Some(SWITCH.into()), ports: vec![] }), t0);
+    core.receive(1, &hello(1, Message::RegisterSwitch { switch_id: 1, token: Some(SWITCH.into()), ports: vec![], topology: None, held: vec![], more_held: false }), t0);
     core.receive(2, &hello(1, Message::Hello { token: Some(HOST.into()) }), t0);
     let mut now = t0;
     for chunk in data.chunks(67) {

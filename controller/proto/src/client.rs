@@ -5,8 +5,13 @@ use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
+
 use crate::codec::{quote, write_frame, CodecError, FrameDecoder, MAX_REPLY_FRAME};
-use crate::{Envelope, HostEndpoint, Message, PortInfo, RankEndpoint, StatusReport, SwitchRules};
+use crate::{
+    Envelope, HeldCommunicator, HostEndpoint, Message, Origin, PortInfo, RankEndpoint,
+    StatusReport, SwitchRules,
+};
 
 /// Client-side errors.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +105,17 @@ impl Conn {
     }
 
     fn request(&mut self, msg: Message, timeout: Duration) -> Result<Message, ClientError> {
+        self.request_keeping(msg, timeout, |_| false)
+    }
+
+    /// [`Conn::request`] that hands envelopes for which `keep` returns true (requests
+    /// of the other side arriving meanwhile) to `keep` instead of skipping them.
+    fn request_keeping(
+        &mut self,
+        msg: Message,
+        timeout: Duration,
+        mut keep: impl FnMut(&Envelope) -> bool,
+    ) -> Result<Message, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
         self.send(id, msg)?;
@@ -108,7 +124,9 @@ impl Conn {
             match self.recv(deadline)? {
                 None => return Err(ClientError::Timeout(timeout)),
                 // Replies to requests that timed out earlier are skipped.
-                Some(env) if env.id != id => continue,
+                Some(env) if env.id != id => {
+                    keep(&env);
+                }
                 Some(env) => {
                     return match env.body {
                         Message::Error { reason } => Err(ClientError::Rejected(reason)),
@@ -118,6 +136,18 @@ impl Conn {
             }
         }
     }
+}
+
+/// A communicator as created by the controller.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedCommunicator {
+    /// Communicator id.
+    pub comm_id: u32,
+    /// Each rank's endpoint, by rank.
+    pub endpoints: Vec<HostEndpoint>,
+    /// The key that destroys it from another connection (see
+    /// [`ControllerClient::destroy_communicator_with_key`]).
+    pub key: Option<String>,
 }
 
 /// Blocking request/reply client for hosts and tools.
@@ -172,19 +202,46 @@ impl ControllerClient {
         window: Option<u32>,
         timeout: Duration,
     ) -> Result<(u32, Vec<HostEndpoint>), ClientError> {
+        self.create_communicator_keyed(group_id, ranks, mtu, window, timeout)
+            .map(|c| (c.comm_id, c.endpoints))
+    }
+
+    /// [`Self::create_communicator`], also returning the communicator's key.
+    pub fn create_communicator_keyed(
+        &mut self,
+        group_id: u64,
+        ranks: Vec<RankEndpoint>,
+        mtu: Option<u16>,
+        window: Option<u32>,
+        timeout: Duration,
+    ) -> Result<CreatedCommunicator, ClientError> {
         match self.request(Message::CreateCommunicator { group_id, ranks, mtu, window }, timeout)? {
-            Message::CommunicatorCreated { comm_id, endpoints } => Ok((comm_id, endpoints)),
+            Message::CommunicatorCreated { comm_id, endpoints, key } => {
+                Ok(CreatedCommunicator { comm_id, endpoints, key })
+            }
             other => Err(ClientError::Unexpected(other.kind())),
         }
     }
 
-    /// Destroy a communicator.
+    /// Destroy a communicator of a group this connection registered.
     pub fn destroy_communicator(
         &mut self,
         comm_id: u32,
         timeout: Duration,
     ) -> Result<(), ClientError> {
-        match self.request(Message::DestroyCommunicator { comm_id }, timeout)? {
+        self.destroy_communicator_with_key(comm_id, None, timeout)
+    }
+
+    /// Destroy a communicator, proving ownership with its key (from
+    /// [`Self::create_communicator_keyed`]) when this is not the connection that
+    /// created it.
+    pub fn destroy_communicator_with_key(
+        &mut self,
+        comm_id: u32,
+        key: Option<String>,
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        match self.request(Message::DestroyCommunicator { comm_id, key }, timeout)? {
             Message::Ack => Ok(()),
             other => Err(ClientError::Unexpected(other.kind())),
         }
@@ -210,6 +267,10 @@ impl ControllerClient {
 /// Longest reason a switch sends with a rejected push.
 pub const REJECT_REASON_MAX: usize = 512;
 
+/// Encoded bytes of held communicators per registration message (the controller
+/// takes requests of at most [`crate::MAX_FRAME`], 1 MiB).
+pub const HELD_CHUNK_BYTES: usize = 256 << 10;
+
 /// A rule push received by a switch.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Push {
@@ -229,6 +290,35 @@ pub struct PushRequest {
     pub id: u64,
     /// The push.
     pub push: Push,
+    /// Origin of installed rules (to keep and report when registering again).
+    pub origin: Option<Origin>,
+}
+
+/// What a switch tells the controller when it registers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Registration {
+    /// Topology switch id.
+    pub switch_id: u32,
+    /// Switch credential.
+    pub token: Option<String>,
+    /// Data-plane ports.
+    pub ports: Vec<PortInfo>,
+    /// Fingerprint of the switch's topology file, if it has one.
+    pub topology: Option<String>,
+    /// Communicators the switch holds.
+    pub held: Vec<HeldCommunicator>,
+}
+
+/// The controller's verdict on the held communicators of a [`Registration`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Keep: a live group owns them.
+    pub owned: Vec<u32>,
+    /// Keep as orphans (adopted from an earlier controller; free them when idle).
+    pub orphaned: Vec<u32>,
+    /// The controller answered `ack` (it predates held reports): drop everything held;
+    /// it re-pushes what is live.
+    pub legacy: bool,
 }
 
 /// Switch side of the controller connection: connect, register, then receive pushes
@@ -238,10 +328,44 @@ pub struct PushRequest {
 pub struct SwitchSession {
     conn: Conn,
     switch_id: u32,
+    /// Pushes that arrived while the session waited for a reply.
+    stashed: VecDeque<Envelope>,
+}
+
+fn is_push(env: &Envelope) -> bool {
+    matches!(
+        env.body,
+        Message::InstallCommunicator(_)
+            | Message::Install { .. }
+            | Message::RemoveCommunicator { .. }
+            | Message::Ping
+    )
+}
+
+/// Split held communicators into parts of at most [`HELD_CHUNK_BYTES`] encoded (at
+/// least one communicator per part).
+fn held_parts(held: Vec<HeldCommunicator>) -> Vec<Vec<HeldCommunicator>> {
+    let mut parts: Vec<Vec<HeldCommunicator>> = Vec::new();
+    let mut bytes = 0;
+    for h in held {
+        let len = serde_json::to_vec(&h).map_or(HELD_CHUNK_BYTES, |v| v.len() + 1);
+        match parts.last_mut() {
+            Some(p) if bytes + len <= HELD_CHUNK_BYTES => {
+                bytes += len;
+                p.push(h);
+            }
+            _ => {
+                bytes = len;
+                parts.push(vec![h]);
+            }
+        }
+    }
+    parts
 }
 
 impl SwitchSession {
-    /// Connect and register. Fails if the controller rejects the registration.
+    /// Connect and register, holding nothing. Fails if the controller rejects the
+    /// registration.
     pub fn connect<A: ToSocketAddrs>(
         addr: A,
         switch_id: u32,
@@ -249,11 +373,59 @@ impl SwitchSession {
         ports: Vec<PortInfo>,
         timeout: Duration,
     ) -> Result<Self, ClientError> {
-        let mut conn = Conn::connect(addr, timeout)?;
-        match conn.request(Message::RegisterSwitch { switch_id, token, ports }, timeout)? {
-            Message::Ack => Ok(SwitchSession { conn, switch_id }),
-            other => Err(ClientError::Unexpected(other.kind())),
+        let reg = Registration { switch_id, token, ports, ..Registration::default() };
+        Self::register(addr, reg, timeout).map(|(s, _)| s)
+    }
+
+    /// Connect, register and report the held communicators (in parts of at most
+    /// [`HELD_CHUNK_BYTES`]; `timeout` bounds each step). Pushes that arrive meanwhile
+    /// are kept for [`Self::next_push`], so the caller applies the verdict first.
+    pub fn register<A: ToSocketAddrs>(
+        addr: A,
+        reg: Registration,
+        timeout: Duration,
+    ) -> Result<(Self, Verdict), ClientError> {
+        let conn = Conn::connect(addr, timeout)?;
+        let mut s = SwitchSession { conn, switch_id: reg.switch_id, stashed: VecDeque::new() };
+        let mut parts = held_parts(reg.held).into_iter();
+        let first = parts.next().unwrap_or_default();
+        let mut more = !parts.as_slice().is_empty();
+        let msg = Message::RegisterSwitch {
+            switch_id: reg.switch_id,
+            token: reg.token,
+            ports: reg.ports,
+            topology: reg.topology,
+            held: first,
+            more_held: more,
+        };
+        let mut verdict = Verdict::default();
+        let mut reply = s.request(msg, timeout)?;
+        loop {
+            match reply {
+                Message::Ack => {
+                    verdict.legacy = true;
+                    return Ok((s, verdict));
+                }
+                Message::Registered { owned, orphaned } => {
+                    verdict.owned.extend(owned);
+                    verdict.orphaned.extend(orphaned);
+                }
+                other => return Err(ClientError::Unexpected(other.kind())),
+            }
+            let Some(held) = parts.next() else { return Ok((s, verdict)) };
+            more = !parts.as_slice().is_empty();
+            reply = s.request(Message::ReportHeld { held, more }, timeout)?;
         }
+    }
+
+    fn request(&mut self, msg: Message, timeout: Duration) -> Result<Message, ClientError> {
+        let stashed = &mut self.stashed;
+        self.conn.request_keeping(msg, timeout, |env| {
+            if is_push(env) {
+                stashed.push_back(env.clone());
+            }
+            true
+        })
     }
 
     /// Switch id this session registered.
@@ -261,27 +433,43 @@ impl SwitchSession {
         self.switch_id
     }
 
+    /// Tell the controller that orphaned communicators were freed (their idle timeout
+    /// expired). Does not wait: the controller's `ack` is skipped by [`Self::next_push`].
+    pub fn notify_expired(&mut self, comm_ids: Vec<u32>) -> Result<(), ClientError> {
+        let id = self.conn.next_id;
+        self.conn.next_id += 1;
+        self.conn.send(id, Message::CommunicatorsExpired { comm_ids })
+    }
+
     /// Wait up to `timeout` for the next push; `Ok(None)` on timeout. Pings are
     /// answered here. An error means the controller connection is gone: reconnect.
     pub fn next_push(&mut self, timeout: Duration) -> Result<Option<PushRequest>, ClientError> {
         let deadline = Instant::now() + timeout;
         loop {
-            let Some(env) = self.conn.recv(deadline)? else { return Ok(None) };
-            match env.body {
-                Message::InstallCommunicator(rules) => {
-                    return Ok(Some(PushRequest { id: env.id, push: Push::Install(rules) }))
+            let env = match self.stashed.pop_front() {
+                Some(env) => env,
+                None => {
+                    let Some(env) = self.conn.recv(deadline)? else { return Ok(None) };
+                    env
                 }
-                Message::RemoveCommunicator { comm_id } => {
-                    return Ok(Some(PushRequest { id: env.id, push: Push::Remove { comm_id } }))
+            };
+            let (id, push, origin) = match env.body {
+                Message::InstallCommunicator(rules) => (env.id, Push::Install(rules), None),
+                Message::Install { rules, origin } => (env.id, Push::Install(rules), Some(origin)),
+                Message::RemoveCommunicator { comm_id } => (env.id, Push::Remove { comm_id }, None),
+                Message::Ping => {
+                    self.conn.send(env.id, Message::Ack)?;
+                    continue;
                 }
-                Message::Ping => self.conn.send(env.id, Message::Ack)?,
                 // Stray replies carry nothing the switch needs.
-                Message::Ack | Message::Error { .. } => {}
+                Message::Ack | Message::Error { .. } | Message::Registered { .. } => continue,
                 other => {
                     let reason = format!("switch does not handle `{}`", other.kind());
                     self.conn.send(env.id, Message::error(reason))?;
+                    continue;
                 }
-            }
+            };
+            return Ok(Some(PushRequest { id, push, origin }));
         }
     }
 
@@ -294,5 +482,58 @@ impl SwitchSession {
     /// cut to [`REJECT_REASON_MAX`] bytes: it travels on into the host's error reply.
     pub fn reject(&mut self, id: u64, reason: impl Into<String>) -> Result<(), ClientError> {
         self.conn.send(id, Message::error(quote(&reason.into(), REJECT_REASON_MAX)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(comm_id: u32, conns: usize) -> HeldCommunicator {
+        let c = crate::ConnectionRule {
+            port: "p1".into(),
+            local_ip: "10.1.1.1".parse().unwrap(),
+            local_mac: crate::EthernetAddress([2, 0, 10, 1, 1, 1]),
+            local_qpn: 16,
+            local_udp_port: 0xC010,
+            local_start_psn: 0xfffff0,
+            peer: crate::Peer::Host { rank: 0 },
+            peer_ip: "10.1.1.21".parse().unwrap(),
+            peer_mac: None,
+            peer_qpn: 17,
+            peer_udp_port: 4791,
+            peer_start_psn: 5,
+            ranks: vec![0],
+        };
+        HeldCommunicator {
+            rules: SwitchRules {
+                comm_id,
+                switch_id: 0,
+                world_size: 2,
+                mtu: 1024,
+                window: 64,
+                slots: 128,
+                parent: None,
+                connections: vec![c; conns],
+            },
+            origin: Some(Origin { epoch: 7, owner_digest: Some("ab".repeat(32)) }),
+        }
+    }
+
+    /// Thousands of held communicators go out in parts that each fit a request frame,
+    /// in order, none lost.
+    #[test]
+    fn held_communicators_are_reported_in_parts_below_the_frame_limit() {
+        let all: Vec<HeldCommunicator> = (1..=5000).map(|i| held(i, 3)).collect();
+        let parts = held_parts(all.clone());
+        assert!(parts.len() > 1, "{}", parts.len());
+        let ids: Vec<u32> = parts.iter().flatten().map(|h| h.rules.comm_id).collect();
+        assert_eq!(ids, (1..=5000).collect::<Vec<_>>());
+        for p in &parts {
+            let msg = Message::ReportHeld { held: p.clone(), more: true };
+            let frame = crate::codec::encode(&Envelope::new(u64::MAX, msg)).unwrap();
+            assert!(frame.len() < crate::MAX_FRAME / 2, "{}", frame.len());
+        }
+        assert!(held_parts(Vec::new()).is_empty());
     }
 }

@@ -337,6 +337,9 @@ mod tests {
                         mac: None,
                         takes_gso: false,
                     }],
+                    topology: Some("1-2-4/0123456789abcdef".into()),
+                    held: Vec::new(),
+                    more_held: false,
                 },
             ),
             Envelope::new(

@@ -20,13 +20,14 @@ mod rules;
 pub const TOKEN_ENV: &str = "INC_CONTROLLER_TOKEN";
 
 pub use client::{
-    ClientError, ControllerClient, Push, PushRequest, SwitchSession, REJECT_REASON_MAX,
+    ClientError, ControllerClient, CreatedCommunicator, Push, PushRequest, Registration,
+    SwitchSession, Verdict, HELD_CHUNK_BYTES, REJECT_REASON_MAX,
 };
 pub use codec::{CodecError, FrameBuffer, FrameDecoder, MAX_FRAME, MAX_REPLY_FRAME};
 pub use inc_wire::{EthernetAddress, ParseEthernetAddressError};
 pub use msg::{
-    CommunicatorStatus, Envelope, GroupStatus, Message, StatusReport, SwitchStatus,
-    PROTOCOL_VERSION,
+    CommunicatorStatus, Envelope, GroupStatus, HeldCommunicator, Message, Origin, StatusReport,
+    SwitchStatus, PROTOCOL_VERSION,
 };
 pub use rules::Peer;
 pub use rules::{

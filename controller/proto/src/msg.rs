@@ -6,6 +6,35 @@ use serde::{Deserialize, Serialize};
 
 use crate::{HostEndpoint, PortInfo, RankEndpoint, SwitchRules};
 
+/// Which controller created a communicator, and what its rank 0 proves ownership
+/// with. Switches keep it next to the rules and report it when they register again,
+/// so a restarted controller can tell its own communicators from those of an earlier
+/// controller process (which it adopts) and let rank 0 destroy an adopted one.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Origin {
+    /// Incarnation of the controller process that created the communicator (random
+    /// per process).
+    pub epoch: u64,
+    /// SHA-256 (lowercase hex) of the key handed to rank 0 with the communicator
+    /// (`communicator_created.key`); `None` for communicators created without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_digest: Option<String>,
+}
+
+/// A communicator a switch holds, as it reports it when it registers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldCommunicator {
+    /// The rules as installed.
+    pub rules: SwitchRules,
+    /// Where they came from (`None`: installed by a controller that did not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// Protocol version carried by every envelope; a peer speaking another version gets an
 /// error reply.
 pub const PROTOCOL_VERSION: u16 = 1;
@@ -50,9 +79,11 @@ pub enum Message {
     },
 
     // ---- switch <-> controller ----
-    /// First message of a switch connection. Re-registering replaces an older
-    /// connection of the same switch, and the controller re-pushes all live rules:
-    /// a switch should drop rules it held before registering.
+    /// First message of a switch connection. The switch reports the communicators it
+    /// holds (`held`, the first of them if `more_held`: the rest follow in
+    /// `report_held` messages, so no frame exceeds the request limit). The reply is
+    /// [`Message::Registered`] (or `ack` from a controller that predates it: then the
+    /// switch drops everything it held and the controller re-pushes what is live).
     RegisterSwitch {
         /// Topology switch id.
         switch_id: u32,
@@ -60,9 +91,54 @@ pub enum Message {
         token: Option<String>,
         /// Data-plane ports as the switch sees them.
         ports: Vec<PortInfo>,
+        /// Fingerprint of the topology file the switch was started with
+        /// (`Topology::fingerprint`); a controller serving another topology refuses
+        /// the registration. `None`: the switch has no topology file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        topology: Option<String>,
+        /// Communicators the switch holds (all of them, or the first part).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        held: Vec<HeldCommunicator>,
+        /// More held communicators follow in `report_held` messages.
+        #[serde(default, skip_serializing_if = "is_false")]
+        more_held: bool,
+    },
+    /// Switch -> controller, after `register_switch` with `more_held`: the next part of
+    /// the held communicators. Answered with [`Message::Registered`].
+    ReportHeld {
+        /// Held communicators.
+        held: Vec<HeldCommunicator>,
+        /// More parts follow.
+        more: bool,
+    },
+    /// Controller -> switch: the verdict on the held communicators of the message it
+    /// answers. The switch keeps those in `owned` (a live group owns them) and in
+    /// `orphaned` (adopted from an earlier controller: no rank 0 connection owns them,
+    /// so the switch frees them when they stay idle for its orphan timeout), and drops
+    /// every other communicator of that message at once.
+    Registered {
+        /// Kept; a rank 0 connection owns them.
+        owned: Vec<u32>,
+        /// Kept as orphans.
+        orphaned: Vec<u32>,
+    },
+    /// Switch -> controller: orphaned communicators the switch freed because they
+    /// stayed idle for its orphan timeout. Answered with `ack`.
+    CommunicatorsExpired {
+        /// Communicator ids.
+        comm_ids: Vec<u32>,
     },
     /// Controller -> switch: install rules for a communicator (replace if present).
+    /// Sent by controllers that predate [`Message::Install`]; still accepted.
     InstallCommunicator(SwitchRules),
+    /// Controller -> switch: install rules for a communicator, with their origin
+    /// (kept by the switch and reported back when it registers again).
+    Install {
+        /// The rules.
+        rules: SwitchRules,
+        /// Which controller created the communicator.
+        origin: Origin,
+    },
     /// Controller -> switch: drop a communicator.
     RemoveCommunicator {
         /// Communicator id.
@@ -102,11 +178,20 @@ pub enum Message {
         comm_id: u32,
         /// Connection parameters, indexed by rank.
         endpoints: Vec<HostEndpoint>,
+        /// Secret that lets rank 0 destroy the communicator from another connection
+        /// (after the one that created it was lost, e.g. to a controller restart).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
     },
-    /// Destroy a communicator (rules are removed from switches).
+    /// Destroy a communicator (rules are removed from switches). Allowed on the
+    /// connection that registered its group, or with its `key` on any authenticated
+    /// host connection.
     DestroyCommunicator {
         /// Communicator id.
         comm_id: u32,
+        /// The key from `communicator_created`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
     },
     /// Destroy a group and its communicators.
     DestroyGroup {
@@ -128,7 +213,11 @@ impl Message {
             Message::Ack => "ack",
             Message::Error { .. } => "error",
             Message::RegisterSwitch { .. } => "register_switch",
+            Message::ReportHeld { .. } => "report_held",
+            Message::Registered { .. } => "registered",
+            Message::CommunicatorsExpired { .. } => "communicators_expired",
             Message::InstallCommunicator(_) => "install_communicator",
+            Message::Install { .. } => "install",
             Message::RemoveCommunicator { .. } => "remove_communicator",
             Message::RegisterGroup { .. } => "register_group",
             Message::GroupCreated { .. } => "group_created",
@@ -203,4 +292,8 @@ pub struct CommunicatorStatus {
     pub mtu: u16,
     /// Window.
     pub window: u32,
+    /// Adopted after a controller restart: no group owns it (`group_id` 0); rank 0
+    /// may destroy it with its key, and the switches free it once it stays idle.
+    #[serde(default)]
+    pub adopted: bool,
 }

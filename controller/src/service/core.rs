@@ -11,13 +11,13 @@
 //! - operations waiting for switch acknowledgements and their deadlines
 //!   ([`super::ops`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
 use inc_ctrl_proto::codec::{decode_body, peek_id, FrameBuffer};
 use inc_ctrl_proto::{
-    CommunicatorStatus, Envelope, GroupStatus, Message, StatusReport, SwitchStatus,
+    CommunicatorStatus, Envelope, GroupStatus, Message, Origin, StatusReport, SwitchStatus,
 };
 use tracing::{debug, info, warn};
 
@@ -86,10 +86,50 @@ pub(super) struct Group {
 
 #[derive(Debug)]
 pub(super) struct Comm {
+    /// Owning group; 0 for a communicator adopted from an earlier controller.
     pub(super) group_id: u64,
+    /// Rules by switch. For an adopted communicator: the parts switches reported so
+    /// far (`endpoints` empty).
     pub(super) compiled: Compiled,
     /// Every switch acknowledged the rules.
     pub(super) ready: bool,
+    /// Which controller created it and the digest of its key.
+    pub(super) origin: Origin,
+}
+
+impl Comm {
+    /// Adopted after a controller restart: no group, no owner connection.
+    pub(super) fn adopted(&self) -> bool {
+        self.group_id == 0
+    }
+}
+
+/// Communicators of earlier controllers that were destroyed or expired here, so a
+/// switch reporting one later does not bring it back. Oldest forgotten first.
+#[derive(Debug, Default)]
+pub(super) struct Tombstones {
+    set: BTreeSet<(u64, u32)>,
+    order: VecDeque<(u64, u32)>,
+}
+
+impl Tombstones {
+    /// Entries kept.
+    const CAP: usize = 1 << 16;
+
+    pub(super) fn insert(&mut self, epoch: u64, comm_id: u32) {
+        if self.set.insert((epoch, comm_id)) {
+            self.order.push_back((epoch, comm_id));
+            if self.order.len() > Self::CAP {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+
+    pub(super) fn contains(&self, epoch: u64, comm_id: u32) -> bool {
+        self.set.contains(&(epoch, comm_id))
+    }
 }
 
 /// The controller's state and decisions.
@@ -114,6 +154,14 @@ pub struct Core {
     pub(super) ops: HashMap<u64, Op>,
     /// Switches that registered and are being re-pushed their communicators.
     pub(super) repush: HashMap<u32, Repush>,
+    /// Switches that registered and are still reporting held communicators: the ids
+    /// kept so far. No communicator involving them is created meanwhile.
+    pub(super) reporting: HashMap<u32, BTreeSet<u32>>,
+    /// This controller process's incarnation (random): stamped on the communicators
+    /// it creates ([`Origin::epoch`]).
+    pub(super) epoch: u64,
+    /// Destroyed or expired communicators of earlier controllers.
+    pub(super) tombstones: Tombstones,
     pub(super) next_group: u64,
     pub(super) next_comm: u32,
     pub(super) next_push: u64,
@@ -139,6 +187,10 @@ impl Core {
             pending: HashMap::new(),
             ops: HashMap::new(),
             repush: HashMap::new(),
+            reporting: HashMap::new(),
+            // Never 0: that is the epoch of rules whose origin is unknown.
+            epoch: rand::random::<u64>().max(1),
+            tombstones: Tombstones::default(),
             next_group: 1,
             next_comm: 1,
             // Push ids live in the id space of requests the controller sends; starting
@@ -372,6 +424,7 @@ impl Core {
             if self.switches.get(&id) == Some(&conn) {
                 self.switches.remove(&id);
                 self.repush.remove(&id);
+                self.reporting.remove(&id);
                 info!(switch_id = id, peer = %c.peer, "switch disconnected");
             }
             self.fail_pushes_of(conn);
@@ -488,8 +541,9 @@ impl Core {
                 group_id: c.group_id,
                 switches: c.compiled.rules.iter().map(|r| r.switch_id).collect(),
                 root_switch: c.compiled.root_switch,
-                mtu: c.compiled.endpoints.first().map_or(0, |e| e.mtu),
-                window: c.compiled.endpoints.first().map_or(0, |e| e.window),
+                mtu: c.compiled.rules.first().map_or(0, |r| r.mtu),
+                window: c.compiled.rules.first().map_or(0, |r| r.window),
+                adopted: c.adopted(),
             })
             .collect();
         StatusReport { topology: topo.name.clone(), switches, groups, communicators }

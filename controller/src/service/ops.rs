@@ -42,7 +42,7 @@ pub(super) struct Repush {
 #[derive(Debug)]
 pub(super) enum OpKind {
     /// Rules of a new communicator are being installed.
-    Install { comm_id: u32, group_id: u64 },
+    Install { comm_id: u32, group_id: u64, key: String },
     /// Rules are being removed (destroy communicator or group); failures are logged.
     Remove { what: String },
 }
@@ -110,13 +110,12 @@ impl Core {
                 return;
             };
             r.outstanding += 1;
-            let rules = self
-                .comms
-                .get(&comm_id)
-                .and_then(|c| c.compiled.rules.iter().find(|r| r.switch_id == switch_id))
-                .cloned();
-            match rules {
-                Some(r) => self.push_inner(switch_id, Message::InstallCommunicator(r), None, true),
+            let msg = self.comms.get(&comm_id).and_then(|c| {
+                let r = c.compiled.rules.iter().find(|r| r.switch_id == switch_id)?;
+                Some(Message::Install { rules: r.clone(), origin: c.origin.clone() })
+            });
+            match msg {
+                Some(m) => self.push_inner(switch_id, m, None, true),
                 // Removed meanwhile (removal skips the backlog).
                 None => self.repush.get_mut(&switch_id).expect("present").outstanding -= 1,
             }
@@ -203,8 +202,8 @@ impl Core {
             }
         }
         let reply = match op.kind {
-            OpKind::Install { comm_id, group_id } => {
-                self.finish_install(comm_id, group_id, op.failed)
+            OpKind::Install { comm_id, group_id, key } => {
+                self.finish_install(comm_id, group_id, key, op.failed)
             }
             OpKind::Remove { what } => {
                 if op.failed.is_empty() {
@@ -224,7 +223,13 @@ impl Core {
         }
     }
 
-    fn finish_install(&mut self, comm_id: u32, group_id: u64, failed: Vec<String>) -> Message {
+    fn finish_install(
+        &mut self,
+        comm_id: u32,
+        group_id: u64,
+        key: String,
+        failed: Vec<String>,
+    ) -> Message {
         // The group (and with it the communicator) may have been destroyed meanwhile.
         let alive = self.comms.contains_key(&comm_id);
         if failed.is_empty() && alive {
@@ -242,7 +247,7 @@ impl Core {
                 e.switch_takes_gso =
                     self.gso_ports.get(&e.switch_id).is_some_and(|p| p.contains(&e.switch_port));
             }
-            return Message::CommunicatorCreated { comm_id, endpoints };
+            return Message::CommunicatorCreated { comm_id, endpoints, key: Some(key) };
         }
         let Some(c) = self.comms.remove(&comm_id) else {
             // The destroy already told every involved switch to remove the rules, after

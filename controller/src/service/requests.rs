@@ -5,13 +5,30 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::codec::{quote, MAX_QUOTED};
-use inc_ctrl_proto::{Envelope, Message, PortInfo, RankEndpoint};
+use inc_ctrl_proto::{Envelope, HeldCommunicator, Message, Origin, PortInfo, RankEndpoint};
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
 use tracing::{debug, info, warn};
 
 use super::core::{Comm, ConnId, Core, Group, Standing};
 use super::ops::OpKind;
 use crate::auth::Role;
-use crate::compiler::{compile, CommunicatorSpec};
+use crate::compiler::{compile, CommunicatorSpec, Compiled};
+
+/// SHA-256 of a communicator key, lowercase hex (what switches keep and report).
+fn key_digest(key: &str) -> String {
+    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A `register_switch` request as received.
+pub(super) struct Registration<'a> {
+    pub(super) switch_id: u32,
+    pub(super) token: Option<&'a str>,
+    pub(super) ports: &'a [PortInfo],
+    pub(super) topology: Option<&'a str>,
+    pub(super) held: Vec<HeldCommunicator>,
+    pub(super) more_held: bool,
+}
 
 impl Core {
     /// A message on a registered switch's connection.
@@ -20,6 +37,13 @@ impl Core {
             Message::Ack => self.push_answered(conn, env.id, Ok(())),
             Message::Error { reason } => self.push_answered(conn, env.id, Err(reason)),
             Message::Ping => self.send(conn, env.id, Message::Ack),
+            Message::ReportHeld { held, more } => {
+                self.report_held(conn, switch_id, env.id, held, more)
+            }
+            Message::CommunicatorsExpired { comm_ids } => {
+                self.communicators_expired(switch_id, &comm_ids);
+                self.send(conn, env.id, Message::Ack);
+            }
             other => {
                 if let Some(ip) = self.conns.get(&conn).map(|c| c.peer.ip()) {
                     if self.may_log(ip) {
@@ -47,8 +71,18 @@ impl Core {
             self.authenticated(conn);
         }
         let reply = match env.body {
-            Message::RegisterSwitch { switch_id, token, ports } if standing == Standing::New => {
-                return self.register_switch(conn, id, switch_id, token.as_deref(), &ports);
+            Message::RegisterSwitch { switch_id, token, ports, topology, held, more_held }
+                if standing == Standing::New =>
+            {
+                let reg = Registration {
+                    switch_id,
+                    token: token.as_deref(),
+                    ports: &ports,
+                    topology: topology.as_deref(),
+                    held,
+                    more_held,
+                };
+                return self.register_switch(conn, id, reg);
             }
             Message::Ping => Message::Ack,
             Message::Hello { token } => match self.role_of(token.as_deref(), Role::Host) {
@@ -87,8 +121,8 @@ impl Core {
                     Err(e) => Message::error(e),
                 }
             }
-            Message::DestroyCommunicator { comm_id } => {
-                match self.destroy_communicator_request(conn, id, comm_id) {
+            Message::DestroyCommunicator { comm_id, key } => {
+                match self.destroy_communicator_request(conn, id, comm_id, key.as_deref()) {
                     Ok(()) => return,
                     Err(e) => Message::error(e),
                 }
@@ -141,14 +175,8 @@ impl Core {
         )
     }
 
-    fn register_switch(
-        &mut self,
-        conn: ConnId,
-        id: u64,
-        switch_id: u32,
-        token: Option<&str>,
-        ports: &[PortInfo],
-    ) {
+    fn register_switch(&mut self, conn: ConnId, id: u64, reg: Registration<'_>) {
+        let Registration { switch_id, token, ports, topology, held, more_held } = reg;
         if self.role_of(token, Role::Switch) != Some(Role::Switch) {
             return self.auth_failed(conn, id, "registering a switch needs the switch credential");
         }
@@ -166,6 +194,16 @@ impl Core {
         };
         let sw = &topo.switches[si];
         let name = sw.name.clone();
+        let ours = topo.fingerprint();
+        if let Some(theirs) = topology.filter(|t| *t != ours) {
+            let reason = format!(
+                "switch {name} (id {switch_id}) runs topology {} but this controller serves {ours} \
+                 (file {}): start both from the same topology file",
+                quote(theirs, MAX_QUOTED),
+                topo.file
+            );
+            return refuse(self, reason);
+        }
         for p in ports {
             let Some(tp) = sw.ports.iter().find(|tp| tp.name == p.name) else {
                 let reason = format!(
@@ -202,18 +240,185 @@ impl Core {
             c.standing = Standing::Switch(switch_id);
             c.auth_deadline = None;
         }
-        info!(switch = %name, switch_id, %peer, "switch registered");
-        self.send(conn, id, Message::Ack);
-        // Re-push live rules: a switch drops what it had when it registers.
+        info!(switch = %name, switch_id, %peer, held = held.len(), more_held, "switch registered");
+        self.reporting.insert(switch_id, BTreeSet::new());
+        self.judge_held(conn, id, switch_id, held, more_held);
+    }
+
+    /// The next part of a registering switch's held communicators.
+    fn report_held(
+        &mut self,
+        conn: ConnId,
+        switch_id: u32,
+        id: u64,
+        held: Vec<HeldCommunicator>,
+        more: bool,
+    ) {
+        if !self.reporting.contains_key(&switch_id) {
+            let reason = "report_held is only valid right after register_switch with more_held";
+            return self.send(conn, id, Message::error(reason));
+        }
+        self.judge_held(conn, id, switch_id, held, more);
+    }
+
+    /// Decide on held communicators and answer with the verdict; after the last part,
+    /// re-push what the switch lacks and forget adopted parts it no longer has.
+    ///
+    /// The rule (controller/README.md, "Restart and recovery"):
+    /// - a communicator of this controller whose rules the switch holds unchanged is
+    ///   kept (owned);
+    /// - one of an earlier controller process (another epoch) is adopted when it fits
+    ///   the topology and what is in use (QPNs, slots, slot memory) and agrees with
+    ///   the parts other switches reported; it is kept as an orphan;
+    /// - anything else is dropped by the switch: our own communicators destroyed while
+    ///   it was away, changed rules (re-pushed), tombstoned or conflicting ones.
+    fn judge_held(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        switch_id: u32,
+        held: Vec<HeldCommunicator>,
+        more: bool,
+    ) {
+        let (mut owned, mut orphaned, mut dropped) = (Vec::new(), Vec::new(), Vec::new());
+        for h in held {
+            let comm_id = h.rules.comm_id;
+            match self.judge(switch_id, h) {
+                Ok(true) => owned.push(comm_id),
+                Ok(false) => orphaned.push(comm_id),
+                Err(why) => dropped.push(format!("{comm_id}: {why}")),
+            }
+        }
+        let label = self.switch_label(switch_id);
+        if !orphaned.is_empty() || !dropped.is_empty() {
+            info!(
+                switch = %label,
+                owned = owned.len(),
+                adopted = orphaned.len(),
+                dropped = dropped.len(),
+                "held communicators reported"
+            );
+        }
+        if !dropped.is_empty() {
+            let shown: Vec<&String> = dropped.iter().take(8).collect();
+            debug!(switch = %label, ?shown, "held communicators dropped");
+        }
+        if let Some(kept) = self.reporting.get_mut(&switch_id) {
+            kept.extend(owned.iter().chain(&orphaned).copied());
+        }
+        self.send(conn, id, Message::Registered { owned, orphaned });
+        if !more {
+            let kept = self.reporting.remove(&switch_id).unwrap_or_default();
+            self.report_done(switch_id, &kept);
+        }
+    }
+
+    /// One held communicator: `Ok(true)` owned, `Ok(false)` adopted, `Err` dropped.
+    fn judge(&mut self, switch_id: u32, h: HeldCommunicator) -> Result<bool, String> {
+        let HeldCommunicator { rules, origin } = h;
+        let origin = origin.unwrap_or_default();
+        let comm_id = rules.comm_id;
+        if rules.switch_id != switch_id {
+            return Err(format!("rules are for switch {}", rules.switch_id));
+        }
+        match self.comms.get(&comm_id) {
+            Some(c) if !c.adopted() => {
+                if c.origin == origin && c.compiled.rules.contains(&rules) {
+                    Ok(true)
+                } else {
+                    Err("another communicator has this id (or its rules changed)".into())
+                }
+            }
+            // Reported again (the switch reconnected): still an orphan.
+            Some(c) if c.origin == origin && c.compiled.rules.contains(&rules) => Ok(false),
+            Some(c) => {
+                let first = &c.compiled.rules[0];
+                if c.origin != origin
+                    || (first.world_size, first.mtu, first.window)
+                        != (rules.world_size, rules.mtu, rules.window)
+                {
+                    return Err("disagrees with the parts other switches reported".into());
+                }
+                self.alloc.adopt(&self.cfg.topology, &rules)?;
+                let c = self.comms.get_mut(&comm_id).expect("present");
+                if rules.parent.is_none() {
+                    c.compiled.root_switch = switch_id;
+                }
+                c.compiled.rules.push(rules);
+                Ok(false)
+            }
+            None if origin.epoch == self.epoch => Err("destroyed while the switch was away".into()),
+            None if self.tombstones.contains(origin.epoch, comm_id) => {
+                Err("destroyed or expired since the restart".into())
+            }
+            None => {
+                self.alloc.adopt(&self.cfg.topology, &rules)?;
+                let root_switch = if rules.parent.is_none() { switch_id } else { 0 };
+                let compiled =
+                    Compiled { comm_id, root_switch, rules: vec![rules], endpoints: Vec::new() };
+                self.comms.insert(comm_id, Comm { group_id: 0, compiled, ready: true, origin });
+                // New communicators get ids above every adopted one.
+                self.next_comm = self.next_comm.max(comm_id.checked_add(1).unwrap_or(1));
+                info!(comm_id, switch = %self.switch_label(switch_id), "communicator adopted");
+                Ok(false)
+            }
+        }
+    }
+
+    /// A registering switch reported everything it holds (`kept`): re-push our
+    /// communicators it lacks (windowed), and give up adopted communicators it held
+    /// before but lost (a part is missing: they cannot work any more).
+    fn report_done(&mut self, switch_id: u32, kept: &BTreeSet<u32>) {
+        let involves = |c: &Comm| c.compiled.rules.iter().any(|r| r.switch_id == switch_id);
         let backlog: BTreeSet<u32> = self
             .comms
             .iter()
-            .filter(|(_, c)| c.compiled.rules.iter().any(|r| r.switch_id == switch_id))
+            .filter(|(id, c)| !c.adopted() && involves(c) && !kept.contains(id))
             .map(|(id, _)| *id)
             .collect();
+        let lost: Vec<u32> = self
+            .comms
+            .iter()
+            .filter(|(id, c)| c.adopted() && involves(c) && !kept.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        let label = self.switch_label(switch_id);
+        for comm_id in lost {
+            info!(comm_id, switch = %label, "adopted communicator lost a part; removing it");
+            if let Some(c) = self.comms.get_mut(&comm_id) {
+                c.compiled.rules.retain(|r| r.switch_id != switch_id);
+            }
+            let op =
+                self.start_op(None, OpKind::Remove { what: format!("communicator {comm_id}") });
+            self.remove_communicator(comm_id, op);
+            self.finish_if_done(op);
+        }
         if !backlog.is_empty() {
-            info!(switch = %name, communicators = backlog.len(), "re-pushing rules");
+            info!(switch = %label, communicators = backlog.len(), "re-pushing rules");
             self.start_repush(switch_id, backlog);
+        }
+    }
+
+    /// A switch freed orphaned communicators that stayed idle. An adopted one is
+    /// removed everywhere; one a live group owns (the switch orphaned it while it was
+    /// disconnected) is installed on that switch again.
+    fn communicators_expired(&mut self, switch_id: u32, comm_ids: &[u32]) {
+        let label = self.switch_label(switch_id);
+        for &comm_id in comm_ids {
+            let Some(c) = self.comms.get_mut(&comm_id) else { continue };
+            if c.adopted() {
+                info!(comm_id, switch = %label, "adopted communicator expired on a switch; removing it");
+                // That switch already freed it.
+                c.compiled.rules.retain(|r| r.switch_id != switch_id);
+                let op =
+                    self.start_op(None, OpKind::Remove { what: format!("communicator {comm_id}") });
+                self.remove_communicator(comm_id, op);
+                self.finish_if_done(op);
+            } else if let Some(r) = c.compiled.rules.iter().find(|r| r.switch_id == switch_id) {
+                warn!(comm_id, switch = %label, "switch expired a communicator a group owns; installing it again");
+                let msg = Message::Install { rules: r.clone(), origin: c.origin.clone() };
+                self.push(switch_id, msg, None);
+            }
         }
     }
 
@@ -334,12 +539,32 @@ impl Core {
             self.alloc.release(comm_id);
             return Err(format!("switch(es) not connected: {}", missing.join(", ")));
         }
+        let reporting: Vec<String> = compiled
+            .rules
+            .iter()
+            .filter(|r| self.reporting.contains_key(&r.switch_id))
+            .map(|r| self.switch_label(r.switch_id))
+            .collect();
+        if !reporting.is_empty() {
+            self.alloc.release(comm_id);
+            return Err(format!(
+                "switch(es) {} registered and are still reporting the communicators they hold; retry in a moment",
+                reporting.join(", ")
+            ));
+        }
+        // The key lets rank 0 destroy the communicator from another connection (after
+        // this one is lost); switches keep its digest, so a restarted controller that
+        // adopts the communicator can check it.
+        let key: String = rand::random::<[u8; 16]>().iter().map(|b| format!("{b:02x}")).collect();
+        let origin = Origin { epoch: self.epoch, owner_digest: Some(key_digest(&key)) };
         let rules = compiled.rules.clone();
-        self.comms.insert(comm_id, Comm { group_id, compiled, ready: false });
+        self.comms
+            .insert(comm_id, Comm { group_id, compiled, ready: false, origin: origin.clone() });
         self.groups.get_mut(&group_id).expect("checked").comms.insert(comm_id);
-        let op = self.start_op(Some((conn, id)), OpKind::Install { comm_id, group_id });
+        let op = self.start_op(Some((conn, id)), OpKind::Install { comm_id, group_id, key });
         for r in rules {
-            self.push(r.switch_id, Message::InstallCommunicator(r), Some(op));
+            let msg = Message::Install { rules: r.clone(), origin: origin.clone() };
+            self.push(r.switch_id, msg, Some(op));
         }
         Ok(())
     }
@@ -349,12 +574,27 @@ impl Core {
         conn: ConnId,
         id: u64,
         comm_id: u32,
+        key: Option<&str>,
     ) -> Result<(), String> {
         let Some(c) = self.comms.get(&comm_id) else {
             return Err(format!("unknown communicator {comm_id}"));
         };
-        if self.groups.get(&c.group_id).is_none_or(|g| g.owner != conn) {
-            return Err(format!("communicator {comm_id} belongs to a group of another connection"));
+        let owner = self.groups.get(&c.group_id).is_some_and(|g| g.owner == conn);
+        // Digests compared in constant time: the answer's timing says nothing about
+        // how much of a guessed key was right.
+        let keyed = match (key, &c.origin.owner_digest) {
+            (Some(k), Some(d)) => bool::from(key_digest(k).as_bytes().ct_eq(d.as_bytes())),
+            _ => false,
+        };
+        if !owner && !keyed {
+            return Err(if c.adopted() {
+                format!(
+                    "communicator {comm_id} was adopted after a controller restart: destroying it \
+                     needs the key its rank 0 got when it was created"
+                )
+            } else {
+                format!("communicator {comm_id} belongs to a group of another connection")
+            });
         }
         if self
             .conns
@@ -382,9 +622,13 @@ impl Core {
         self.finish_if_done(op);
     }
 
-    fn remove_communicator(&mut self, comm_id: u32, op: u64) {
+    pub(super) fn remove_communicator(&mut self, comm_id: u32, op: u64) {
         let Some(c) = self.comms.remove(&comm_id) else { return };
         self.alloc.release(comm_id);
+        if c.adopted() {
+            // A switch that reports it later (it was away) drops it.
+            self.tombstones.insert(c.origin.epoch, comm_id);
+        }
         if let Some(g) = self.groups.get_mut(&c.group_id) {
             g.comms.remove(&comm_id);
         }
@@ -396,7 +640,7 @@ impl Core {
         }
     }
 
-    fn finish_if_done(&mut self, op: u64) {
+    pub(super) fn finish_if_done(&mut self, op: u64) {
         if self.ops.get(&op).is_some_and(|o| o.waiting == 0) {
             self.finish_op(op);
         }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use inc_ctrl_proto::codec::encode;
-use inc_ctrl_proto::{Envelope, Message, PortInfo};
+use inc_ctrl_proto::{Envelope, HeldCommunicator, Message, PortInfo};
 
 use super::{Core, Output, ServiceConfig};
 use crate::auth::{Auth, Credentials};
@@ -50,12 +50,23 @@ fn register_switch(core: &mut Core, conn: u64, now: Instant) {
 
 fn register_switch_with(core: &mut Core, conn: u64, now: Instant, ports: Vec<PortInfo>) {
     core.open(conn, peer(2), now);
-    let msg = Message::RegisterSwitch { switch_id: 0, token: Some(SWITCH.into()), ports };
-    core.receive(conn, &frame(1, msg), now);
+    core.receive(conn, &frame(1, registration(ports, Vec::new())), now);
     let (r, closed) = replies(core, conn);
     assert_eq!(r.len(), 1);
-    assert_eq!(r[0].body, Message::Ack, "{r:?}");
+    assert_eq!(r[0].body, Message::Registered { owned: vec![], orphaned: vec![] }, "{r:?}");
     assert!(!closed);
+}
+
+/// `register_switch` of switch 0 (the only switch of 1-4) holding `held`.
+fn registration(ports: Vec<PortInfo>, held: Vec<HeldCommunicator>) -> Message {
+    Message::RegisterSwitch {
+        switch_id: 0,
+        token: Some(SWITCH.into()),
+        ports,
+        topology: None,
+        held,
+        more_held: false,
+    }
 }
 
 #[test]
@@ -93,7 +104,7 @@ fn create_waits_for_the_switch_and_times_out_cleanly() {
         [Output::Send { conn: 1, envelope }] => envelope.clone(),
         other => panic!("expected one push to the switch, got {other:?}"),
     };
-    assert!(matches!(push.body, Message::InstallCommunicator(_)));
+    assert!(matches!(push.body, Message::Install { .. }));
     assert_eq!(core.pending_pushes(), 1);
 
     // The switch stays silent: at the deadline the push is dropped and the host told.
@@ -293,21 +304,21 @@ fn a_switch_with_thousands_of_communicators_is_repushed_in_windows() {
     core.closed(1, t0);
     core.take_outputs();
     core.open(3, peer(2), t0);
-    let msg = Message::RegisterSwitch { switch_id: 0, token: Some(SWITCH.into()), ports: vec![] };
-    core.receive(3, &frame(1, msg), t0);
+    core.receive(3, &frame(1, registration(vec![], vec![])), t0);
     let window = core.config().limits.repush_window;
     let mut out = pushes(&mut core, 3);
-    assert_eq!(out.remove(0).1, Message::Ack);
+    assert!(matches!(out.remove(0).1, Message::Registered { .. }));
     assert_eq!(out.len(), window, "one window of re-pushes");
     // The last communicator goes while it waits: no install, no remove for it.
     let last = *core.comms.keys().last().unwrap();
-    core.receive(2, &frame(99_999, Message::DestroyCommunicator { comm_id: last }), t0);
+    let destroy = Message::DestroyCommunicator { comm_id: last, key: None };
+    core.receive(2, &frame(99_999, destroy), t0);
     assert!(pushes(&mut core, 3).is_empty(), "nothing sent for a communicator not re-pushed yet");
     let mut installed = 0;
     while !out.is_empty() {
         let mut next = Vec::new();
         for (id, body) in out {
-            assert!(matches!(body, Message::InstallCommunicator(_)), "{body:?}");
+            assert!(matches!(body, Message::Install { .. }), "{body:?}");
             installed += 1;
             core.receive(3, &frame(id, Message::Ack), t0);
             next.extend(pushes(&mut core, 3));
@@ -429,4 +440,221 @@ fn the_unauthenticated_cannot_lock_anyone_out() {
     core.released(0);
     core.open(per as u64 + 1, peer(7), t0);
     assert!(!replies(&mut core, per as u64 + 1).1);
+}
+
+/// Create one communicator of the four hosts in `group_id` (window 1) on host
+/// connection 2, the switch (connection `switch`) acknowledging: its id, key and what
+/// the switch was told, as the switch would report it holding it.
+fn create_one(
+    core: &mut Core,
+    t0: Instant,
+    switch: u64,
+    group_id: u64,
+) -> (u32, String, HeldCommunicator) {
+    let hosts: Vec<_> = core.config().topology.hosts.iter().map(|h| h.addr.ip).collect();
+    let req = Message::CreateCommunicator {
+        group_id,
+        ranks: demo_ranks(&hosts),
+        mtu: None,
+        window: Some(1),
+    };
+    core.receive(2, &frame(500, req), t0);
+    let (id, push) = pushes(core, switch).remove(0);
+    let Message::Install { rules, origin } = push else { panic!("{push:?}") };
+    core.receive(switch, &frame(id, Message::Ack), t0);
+    let (r, _) = replies(core, 2);
+    let Message::CommunicatorCreated { comm_id, key: Some(key), .. } = &r[0].body else {
+        panic!("{r:?}")
+    };
+    (*comm_id, key.clone(), HeldCommunicator { rules, origin: Some(origin) })
+}
+
+/// A new group of the four hosts on host connection 2 of `core`.
+fn new_group(core: &mut Core, t0: Instant) -> u64 {
+    core.open(2, peer(3), t0);
+    let hosts: Vec<_> = core.config().topology.hosts.iter().map(|h| h.addr.ip).collect();
+    let reg = Message::RegisterGroup { token: Some(HOST.into()), world_size: 4, hosts };
+    core.receive(2, &frame(1, reg), t0);
+    let (r, _) = replies(core, 2);
+    let Message::GroupCreated { group_id } = r[0].body else { panic!("{r:?}") };
+    group_id
+}
+
+/// A controller restarted with the same topology: the switch reports the communicators
+/// of the dead controller, which are adopted (accounted, in the status); new ones get
+/// other ids and QPNs; rank 0 destroys an adopted one with its key (only with it); one
+/// the switch reports expired is removed; and a communicator destroyed here is not
+/// brought back by a later report.
+#[test]
+fn a_restarted_controller_adopts_held_communicators() {
+    let (mut old, t0, group_id) = big_core(16);
+    let (c1, key1, h1) = create_one(&mut old, t0, 1, group_id);
+    let (c2, _key2, h2) = create_one(&mut old, t0, 1, group_id);
+    let cfg = old.config().clone();
+    drop(old);
+
+    // The new controller process: another epoch, nothing known.
+    let mut core = Core::new(cfg, t0);
+    core.open(1, peer(2), t0);
+    core.receive(1, &frame(1, registration(vec![], vec![h1.clone(), h2.clone()])), t0);
+    let (r, _) = replies(&mut core, 1);
+    assert_eq!(r[0].body, Message::Registered { owned: vec![], orphaned: vec![c1, c2] });
+    let st = core.status();
+    assert_eq!(
+        st.communicators.iter().map(|c| (c.comm_id, c.adopted)).collect::<Vec<_>>(),
+        [(c1, true), (c2, true)]
+    );
+    assert_eq!(st.switches[0].communicators, [c1, c2]);
+
+    // A new communicator: an id above the adopted ones, QPNs they do not use.
+    let g = new_group(&mut core, t0);
+    let (c3, _, h3) = create_one(&mut core, t0, 1, g);
+    assert!(c3 > c2, "{c3}");
+    let qpns = |h: &HeldCommunicator| -> Vec<u32> {
+        h.rules.connections.iter().map(|c| c.local_qpn).collect()
+    };
+    for q in qpns(&h3) {
+        assert!(!qpns(&h1).contains(&q) && !qpns(&h2).contains(&q), "QPN {q:#x} reused");
+    }
+
+    // Destroying an adopted communicator needs its key.
+    let destroy = |key: Option<&str>| Message::DestroyCommunicator {
+        comm_id: c1,
+        key: key.map(str::to_string),
+    };
+    core.receive(2, &frame(7, destroy(None)), t0);
+    let (r, _) = replies(&mut core, 2);
+    assert!(matches!(&r[0].body, Message::Error { reason } if reason.contains("key")), "{r:?}");
+    core.receive(2, &frame(8, destroy(Some(&"0".repeat(32)))), t0);
+    assert!(matches!(replies(&mut core, 2).0[0].body, Message::Error { .. }));
+    core.receive(2, &frame(9, destroy(Some(&key1))), t0);
+    let (id, push) = pushes(&mut core, 1).remove(0);
+    assert_eq!(push, Message::RemoveCommunicator { comm_id: c1 });
+    core.receive(1, &frame(id, Message::Ack), t0);
+    assert_eq!(replies(&mut core, 2).0[0].body, Message::Ack);
+
+    // The switch freed c2 after its idle timeout: removed here, nothing pushed back.
+    core.receive(1, &frame(10, Message::CommunicatorsExpired { comm_ids: vec![c2] }), t0);
+    assert_eq!(pushes(&mut core, 1), [(10, Message::Ack)]);
+    let ids: Vec<u32> = core.status().communicators.iter().map(|c| c.comm_id).collect();
+    assert_eq!(ids, [c3]);
+
+    // The switch registers again (it reconnected) still holding c1 (say the removal was
+    // lost): c1 is dropped (tombstone), c3 is ours and kept, nothing re-pushed.
+    core.closed(1, t0);
+    core.take_outputs();
+    core.open(3, peer(2), t0);
+    core.receive(3, &frame(1, registration(vec![], vec![h1, h3])), t0);
+    assert_eq!(
+        pushes(&mut core, 3),
+        [(1, Message::Registered { owned: vec![c3], orphaned: vec![] })]
+    );
+}
+
+/// What a registering switch holds is judged: ours unchanged is kept without a
+/// re-push; ours changed or destroyed meanwhile is dropped (and re-pushed if live); a
+/// switch started with another topology file is refused, naming both.
+#[test]
+fn held_communicators_are_judged_and_other_topologies_refused() {
+    let (mut core, t0, group_id) = big_core(16);
+    let (c1, _, h1) = create_one(&mut core, t0, 1, group_id);
+    let (c2, _, h2) = create_one(&mut core, t0, 1, group_id);
+    let (c3, _, mut h3) = create_one(&mut core, t0, 1, group_id);
+    core.receive(2, &frame(60, Message::DestroyCommunicator { comm_id: c2, key: None }), t0);
+    let (id, _) = pushes(&mut core, 1).remove(0);
+    core.receive(1, &frame(id, Message::Ack), t0);
+    core.take_outputs();
+    h3.rules.connections[0].local_start_psn ^= 1;
+    core.closed(1, t0);
+    core.take_outputs();
+
+    core.open(3, peer(2), t0);
+    core.receive(3, &frame(1, registration(vec![], vec![h1, h2, h3])), t0);
+    let out = pushes(&mut core, 3);
+    assert_eq!(out[0].1, Message::Registered { owned: vec![c1], orphaned: vec![] });
+    let repushed: Vec<u32> = out[1..]
+        .iter()
+        .map(|(_, m)| match m {
+            Message::Install { rules, .. } => rules.comm_id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(repushed, [c3], "only the changed one is re-pushed");
+
+    // Another topology: refused with both fingerprints named.
+    core.closed(3, t0);
+    core.take_outputs();
+    core.open(4, peer(2), t0);
+    let mut reg = registration(vec![], vec![]);
+    if let Message::RegisterSwitch { topology, .. } = &mut reg {
+        *topology = Some("other/0123456789abcdef".into());
+    }
+    core.receive(4, &frame(1, reg), t0);
+    let (r, _) = replies(&mut core, 4);
+    let ours = core.config().topology.fingerprint();
+    assert!(
+        matches!(&r[0].body, Message::Error { reason } if reason.contains("other/0123456789abcdef") && reason.contains(&ours)),
+        "{r:?}"
+    );
+    assert!(!core.status().switches[0].connected);
+}
+
+/// A switch reporting in parts: nothing is re-pushed and no communicator involving it
+/// is created until its last part; an adopted part it no longer holds when it
+/// registers again makes the communicator go.
+#[test]
+fn held_reports_in_parts_and_lost_adopted_parts() {
+    let (mut old, t0, group_id) = big_core(16);
+    let (c1, _, h1) = create_one(&mut old, t0, 1, group_id);
+    let (c2, _, h2) = create_one(&mut old, t0, 1, group_id);
+    let cfg = old.config().clone();
+    let mut core = Core::new(cfg, t0);
+    core.open(1, peer(2), t0);
+    let mut reg = registration(vec![], vec![h1]);
+    if let Message::RegisterSwitch { more_held, .. } = &mut reg {
+        *more_held = true;
+    }
+    core.receive(1, &frame(1, reg), t0);
+    assert_eq!(
+        replies(&mut core, 1).0[0].body,
+        Message::Registered { owned: vec![], orphaned: vec![c1] }
+    );
+    // Meanwhile a host cannot create a communicator on it.
+    let g = new_group(&mut core, t0);
+    let hosts: Vec<_> = core.config().topology.hosts.iter().map(|h| h.addr.ip).collect();
+    let req = Message::CreateCommunicator {
+        group_id: g,
+        ranks: demo_ranks(&hosts),
+        mtu: None,
+        window: Some(1),
+    };
+    core.receive(2, &frame(3, req), t0);
+    let (r, _) = replies(&mut core, 2);
+    assert!(
+        matches!(&r[0].body, Message::Error { reason } if reason.contains("still reporting")),
+        "{r:?}"
+    );
+    core.receive(1, &frame(2, Message::ReportHeld { held: vec![h2], more: false }), t0);
+    assert_eq!(
+        pushes(&mut core, 1),
+        [(2, Message::Registered { owned: vec![], orphaned: vec![c2] })]
+    );
+    let (c3, _, h3) = create_one(&mut core, t0, 1, g);
+
+    // Registered again without c2 (it expired while disconnected): c2 goes.
+    core.closed(1, t0);
+    core.take_outputs();
+    core.open(4, peer(2), t0);
+    core.receive(4, &frame(1, registration(vec![], vec![h3])), t0);
+    assert_eq!(
+        pushes(&mut core, 4),
+        [(1, Message::Registered { owned: vec![c3], orphaned: vec![] })]
+    );
+    core.receive(4, &frame(5, Message::ReportHeld { held: vec![], more: false }), t0);
+    assert!(
+        matches!(&replies(&mut core, 4).0[0].body, Message::Error { .. }),
+        "no report in progress"
+    );
+    let ids: Vec<u32> = core.status().communicators.iter().map(|c| c.comm_id).collect();
+    assert_eq!(ids, [c3], "c1 and c2 were adopted parts the switch no longer holds");
 }

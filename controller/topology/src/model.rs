@@ -239,6 +239,47 @@ impl Topology {
         IfAddr { ip: *self.controller.ip(), prefix: self.mgmt_prefix }
     }
 
+    /// What identifies this topology between a controller and its switches:
+    /// `NAME/HASH`, HASH a 64-bit FNV-1a of a canonical text of the model (name,
+    /// controller address, defaults, every switch with its limits and ports, links and
+    /// hosts; not the file's path, layout or comments, nor link emulation settings,
+    /// which the switches apply themselves). A switch started with another topology
+    /// file than its controller's is refused when it registers.
+    pub fn fingerprint(&self) -> String {
+        use std::fmt::Write as _;
+        let mut t = String::new();
+        let d = &self.defaults;
+        let _ = write!(
+            t,
+            "{}|{}|{}|{}:{}:{}|{}|",
+            self.name, self.controller, self.mgmt_prefix, d.mtu, d.window, d.link_mtu, self.root
+        );
+        for s in &self.switches {
+            let _ = write!(
+                t,
+                "s{}:{}:{}:{}:{}:{}:{}|",
+                s.id, s.name, s.mgmt, s.max_slots, s.max_window, s.max_mtu, s.max_slot_memory
+            );
+            for p in &s.ports {
+                let _ = write!(t, "p{}:{}:{}|", p.name, p.addr, p.mac);
+            }
+        }
+        for l in &self.links {
+            let _ = write!(t, "l{}.{}:{}.{}|", l.a.switch, l.a.port, l.b.switch, l.b.port);
+        }
+        for h in &self.hosts {
+            let mac = h.mac.map_or_else(|| "learn".to_string(), |m| m.to_string());
+            let (sw, port) = (h.attach.switch, h.attach.port);
+            let _ = write!(t, "h{}:{}:{mac}:{}:{sw}.{port}|", h.name, h.addr, h.mgmt);
+        }
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in t.bytes() {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("{}/{hash:016x}", self.name)
+    }
+
     /// The peer of a switch port: another switch's port or a host.
     pub fn port_peer(&self, p: PortRef) -> Option<PortPeer> {
         for l in &self.links {

@@ -235,3 +235,17 @@ fn shipped_lossy_example_emulates_where_its_comments_say() {
     assert_eq!((up.loss, up.delay), (0.01, std::time::Duration::from_millis(2)));
     assert_eq!(t.switches[2].ports[2].emu.tx.as_ref().unwrap().rate_bps, Some(1_000_000_000));
 }
+
+/// The fingerprint a switch registers with: the same for the same model, whatever the
+/// file's path; different for a topology that differs (here: the default RoCE MTU).
+#[test]
+fn fingerprint_names_the_topology_and_tells_files_apart() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let a = Topology::load(format!("{root}/topologies/1-2-4.yaml")).unwrap();
+    let text = std::fs::read_to_string(format!("{root}/topologies/1-2-4.yaml")).unwrap();
+    let same = Topology::parse("elsewhere.yaml", &format!("# a comment\n{text}")).unwrap();
+    let other = Topology::load(format!("{root}/tests/topologies/1-2-4-mtu1024.yaml")).unwrap();
+    assert_eq!(a.fingerprint(), same.fingerprint());
+    assert!(a.fingerprint().starts_with(&format!("{}/", a.name)), "{}", a.fingerprint());
+    assert_ne!(a.fingerprint(), other.fingerprint());
+}
