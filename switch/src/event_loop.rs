@@ -3,13 +3,13 @@
 //! receive a batch → `handle_frame`; due timers → `handle_timeout`; drain
 //! `poll_transmit` straight into backend transmit buffers; flush.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use inc_ctrl_proto::SwitchRules;
+use inc_ctrl_proto::{HeldCommunicator, Origin, SwitchRules, Verdict};
 use inc_protocol::{Outgoing, Time};
 use inc_switch_engine::SwitchEngine;
 use inc_switch_io::Backend;
@@ -31,10 +31,12 @@ pub enum Command {
         switch: usize,
         /// Rules pushed by the controller.
         rules: Box<SwitchRules>,
+        /// Where they come from (kept, reported when registering again).
+        origin: Option<Origin>,
         /// Outcome, to acknowledge or reject the push.
         reply: Sender<Result<(), String>>,
     },
-    /// Remove a communicator.
+    /// Remove a communicator (one the switch does not hold counts as removed).
     Remove {
         /// Logical switch index.
         switch: usize,
@@ -43,10 +45,44 @@ pub enum Command {
         /// Outcome.
         reply: Sender<Result<(), String>>,
     },
-    /// The switch (re)registered: drop every communicator it held.
+    /// The switch registered with a controller that does not judge held
+    /// communicators: drop every communicator it held.
     Reset {
         /// Logical switch index.
         switch: usize,
+    },
+    /// What the switch holds, to report when it registers.
+    Held {
+        /// Logical switch index.
+        switch: usize,
+        /// The held communicators.
+        reply: Sender<Vec<HeldCommunicator>>,
+    },
+    /// The controller's verdict on the held communicators `reported`: keep the owned
+    /// ones, keep the orphaned ones as orphans, drop the rest.
+    Verdict {
+        /// Logical switch index.
+        switch: usize,
+        /// The communicators that were reported.
+        reported: Vec<u32>,
+        /// The verdict.
+        verdict: Verdict,
+    },
+    /// The controller connection is lost: every communicator is an orphan until a
+    /// controller vouches for it again.
+    Orphan {
+        /// Logical switch index.
+        switch: usize,
+    },
+    /// Free orphans idle for `idle` (no frame received on any of their connections);
+    /// replies with their ids.
+    Sweep {
+        /// Logical switch index.
+        switch: usize,
+        /// The orphan idle timeout.
+        idle: Duration,
+        /// Ids freed.
+        reply: Sender<Vec<u32>>,
     },
     /// Snapshot of every counter.
     Stats {
@@ -69,7 +105,85 @@ pub struct LogicalSwitch {
     /// Port names, in engine order.
     pub port_names: Vec<String>,
     /// Installed communicators.
-    pub communicators: BTreeSet<u32>,
+    pub communicators: BTreeMap<u32, Held>,
+    /// Orphans among them, shared with the controller session (which sweeps them
+    /// while there are any).
+    pub orphans: Arc<AtomicUsize>,
+    /// Orphans freed after their idle timeout, since start.
+    pub orphans_expired: u64,
+}
+
+impl LogicalSwitch {
+    /// A switch with nothing installed.
+    pub fn new(
+        id: u32,
+        name: String,
+        engine: SwitchEngine,
+        port_base: usize,
+        port_names: Vec<String>,
+    ) -> Self {
+        LogicalSwitch {
+            id,
+            name,
+            engine,
+            port_base,
+            port_names,
+            communicators: BTreeMap::new(),
+            orphans: Arc::new(AtomicUsize::new(0)),
+            orphans_expired: 0,
+        }
+    }
+
+    /// Frames received on each communicator's connections so far.
+    fn activity(&self) -> HashMap<u32, u64> {
+        let counters = self.engine.counters();
+        counters
+            .comms
+            .iter()
+            .map(|c| (c.comm_id, c.connections.iter().map(|k| k.rx_data + k.rx_control).sum()))
+            .collect()
+    }
+
+    /// Make `comm_id` an orphan (its idle clock starts now) or take it back.
+    fn set_orphan(&mut self, comm_id: u32, orphan: bool, activity: &HashMap<u32, u64>) {
+        if let Some(h) = self.communicators.get_mut(&comm_id) {
+            if orphan && !h.orphaned {
+                h.last_active = Instant::now();
+                h.activity = activity.get(&comm_id).copied().unwrap_or(0);
+            }
+            h.orphaned = orphan;
+        }
+    }
+
+    fn count_orphans(&self) {
+        let n = self.communicators.values().filter(|h| h.orphaned).count();
+        self.orphans.store(n, Ordering::Relaxed);
+    }
+
+    fn drop_comm(&mut self, comm_id: u32, why: &str) {
+        if self.communicators.remove(&comm_id).is_some() {
+            if let Err(e) = self.engine.remove(comm_id) {
+                warn!(switch = %self.name, comm = comm_id, error = %e, "remove failed");
+            }
+            info!(switch = %self.name, comm = comm_id, "communicator removed: {why}");
+        }
+    }
+}
+
+/// A communicator a switch holds.
+#[derive(Debug)]
+pub struct Held {
+    /// Its rules.
+    pub rules: SwitchRules,
+    /// Where they came from.
+    pub origin: Option<Origin>,
+    /// No controller vouches for it (the connection is lost, or a restarted controller
+    /// adopted it without an owner): freed when idle for the orphan timeout.
+    pub orphaned: bool,
+    /// When a frame was last seen on it (checked at sweeps).
+    pub last_active: Instant,
+    /// Frames received on its connections at the last check.
+    pub activity: u64,
 }
 
 /// Counters of the loop itself.
@@ -299,7 +413,7 @@ impl<B: Backend> EventLoop<B> {
     fn command(&mut self, cmd: Command) {
         let now = self.now();
         match cmd {
-            Command::Install { switch, rules, reply } => {
+            Command::Install { switch, rules, origin, reply } => {
                 let s = &mut self.switches[switch];
                 let res = if rules.switch_id != s.id {
                     Err(format!(
@@ -318,7 +432,15 @@ impl<B: Backend> EventLoop<B> {
                                 self.backend.set_host_port(s.port_base + lp);
                             }
                         }
-                        s.communicators.insert(rules.comm_id);
+                        let held = Held {
+                            rules: (*rules).clone(),
+                            origin,
+                            orphaned: false,
+                            last_active: Instant::now(),
+                            activity: 0,
+                        };
+                        s.communicators.insert(rules.comm_id, held);
+                        s.count_orphans();
                         info!(switch = %s.name, comm = rules.comm_id, "communicator installed");
                     }
                     Err(e) => {
@@ -329,18 +451,76 @@ impl<B: Backend> EventLoop<B> {
             }
             Command::Remove { switch, comm_id, reply } => {
                 let s = &mut self.switches[switch];
-                let res = s.engine.remove(comm_id).map_err(|e| e.to_string());
-                s.communicators.remove(&comm_id);
+                // Not held (freed as an idle orphan, or never installed): removed already.
+                let res = match s.communicators.remove(&comm_id) {
+                    Some(_) => s.engine.remove(comm_id).map_err(|e| e.to_string()),
+                    None => Ok(()),
+                };
+                s.count_orphans();
                 info!(switch = %s.name, comm = comm_id, ok = res.is_ok(), "communicator removed");
                 let _ = reply.send(res);
             }
             Command::Reset { switch } => {
                 let s = &mut self.switches[switch];
-                for comm in std::mem::take(&mut s.communicators) {
-                    if let Err(e) = s.engine.remove(comm) {
-                        warn!(switch = %s.name, comm, error = %e, "remove on re-register failed");
+                let held: Vec<u32> = s.communicators.keys().copied().collect();
+                for comm in held {
+                    s.drop_comm(comm, "the controller re-pushes what is live");
+                }
+                s.count_orphans();
+            }
+            Command::Held { switch, reply } => {
+                let s = &self.switches[switch];
+                let held = s
+                    .communicators
+                    .values()
+                    .map(|h| HeldCommunicator { rules: h.rules.clone(), origin: h.origin.clone() })
+                    .collect();
+                let _ = reply.send(held);
+            }
+            Command::Verdict { switch, reported, verdict } => {
+                let s = &mut self.switches[switch];
+                let activity = s.activity();
+                for comm in reported {
+                    if verdict.owned.contains(&comm) {
+                        s.set_orphan(comm, false, &activity);
+                    } else if verdict.orphaned.contains(&comm) {
+                        s.set_orphan(comm, true, &activity);
+                    } else {
+                        s.drop_comm(comm, "the controller does not keep it");
                     }
                 }
+                s.count_orphans();
+            }
+            Command::Orphan { switch } => {
+                let s = &mut self.switches[switch];
+                let activity = s.activity();
+                let held: Vec<u32> = s.communicators.keys().copied().collect();
+                for comm in held {
+                    s.set_orphan(comm, true, &activity);
+                }
+                s.count_orphans();
+            }
+            Command::Sweep { switch, idle, reply } => {
+                let s = &mut self.switches[switch];
+                let activity = s.activity();
+                let now = Instant::now();
+                let mut expired = Vec::new();
+                for (id, h) in &mut s.communicators {
+                    let a = activity.get(id).copied().unwrap_or(0);
+                    if a != h.activity {
+                        h.activity = a;
+                        h.last_active = now;
+                    }
+                    if h.orphaned && now.duration_since(h.last_active) >= idle {
+                        expired.push(*id);
+                    }
+                }
+                for comm in &expired {
+                    s.drop_comm(*comm, &format!("orphan idle for the orphan timeout ({idle:?})"));
+                    s.orphans_expired += 1;
+                }
+                s.count_orphans();
+                let _ = reply.send(expired);
             }
             Command::Stats { reply } => {
                 let _ = reply.send(self.snapshot());
@@ -369,12 +549,18 @@ impl<B: Backend> EventLoop<B> {
                 }
                 ports.push(port);
             }
+            let engine = s.engine.counters();
             switches.push(json!({
                 "switch_id": s.id,
                 "name": s.name,
-                "communicators": s.communicators,
+                "communicators": s.communicators.keys().collect::<Vec<_>>(),
+                "orphans": {
+                    "held": s.communicators.values().filter(|h| h.orphaned).count(),
+                    "expired": s.orphans_expired,
+                },
+                "slot_memory_bytes": engine.memory_bytes(),
                 "ports": ports,
-                "engine": serde_json::to_value(s.engine.counters()).unwrap_or(Value::Null),
+                "engine": serde_json::to_value(engine).unwrap_or(Value::Null),
             }));
         }
         json!({
@@ -426,10 +612,8 @@ mod tests {
         let specs = vec!["a0".parse().unwrap(), "b0".parse().unwrap()];
         let (backend, net) = MemoryBackend::new(specs, 64);
         let switches = (0..2u32)
-            .map(|i| LogicalSwitch {
-                id: i + 1,
-                name: format!("s{}", i + 1),
-                engine: SwitchEngine::new(SwitchEngineConfig {
+            .map(|i| {
+                let engine = SwitchEngine::new(SwitchEngineConfig {
                     switch_id: i + 1,
                     ports: vec![PortConfig {
                         name: "p0".into(),
@@ -437,10 +621,14 @@ mod tests {
                         mac: EthernetAddress(PORT_MAC),
                     }],
                     ..SwitchEngineConfig::default()
-                }),
-                port_base: i as usize,
-                port_names: vec!["p0".into()],
-                communicators: BTreeSet::new(),
+                });
+                LogicalSwitch::new(
+                    i + 1,
+                    format!("s{}", i + 1),
+                    engine,
+                    i as usize,
+                    vec!["p0".into()],
+                )
             })
             .collect();
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -519,7 +707,9 @@ mod tests {
             connections: Vec::new(),
         };
         let (rtx, rrx) = crossbeam_channel::bounded(1);
-        tx.send(Command::Install { switch: 0, rules: Box::new(rules), reply: rtx }).unwrap();
+        let install =
+            Command::Install { switch: 0, rules: Box::new(rules), origin: None, reply: rtx };
+        tx.send(install).unwrap();
         waker.wake();
         let err = rrx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap_err();
         assert!(err.contains("switch 9") && err.contains("switch 1"), "{err}");

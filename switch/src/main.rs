@@ -187,6 +187,13 @@ struct RunArgs {
     #[arg(long, default_value_t = 500)]
     #[cfg_attr(not(feature = "dpdk"), allow(dead_code))]
     dpdk_idle_max_us: u64,
+    /// Seconds an orphaned communicator may stay idle (no frame on any of its
+    /// connections) before the switch frees it. A communicator is an orphan while the
+    /// controller connection is lost, and after a restarted controller adopted it
+    /// without an owner; the freed ones are counted in `inc-switch stats`
+    /// (`orphans.expired`) and reported to the controller when connected.
+    #[arg(long, default_value_t = 120.0, value_name = "SECS")]
+    orphan_idle_timeout: f64,
     /// Emulate link faults: [SWITCH:PORT=]KEY=VALUE,... with keys loss, burst, dup,
     /// reorder, reorder-delay, corrupt, delay, jitter, rate, limit, seed and
     /// dir=link|tx|rx|both (repeatable; later ones refine earlier ones; without a
@@ -264,6 +271,8 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
             InternalLinks::Wire => Vec::new(),
         },
         busy_poll: Duration::from_micros(args.busy_poll_us),
+        topology: topology.as_ref().map(Topology::fingerprint),
+        orphan_timeout: orphan_timeout(args.orphan_idle_timeout)?,
     };
     let mut n_workers = match args.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()).min(plans.len()),
@@ -363,6 +372,14 @@ fn run_dpdk(
          `cargo build --release -p inc-switch --features dpdk` (needs libdpdk-dev: \
          sudo scripts/setup --dpdk)"
     )
+}
+
+/// `--orphan-idle-timeout` as a duration.
+fn orphan_timeout(secs: f64) -> anyhow::Result<Duration> {
+    if !(secs.is_finite() && secs > 0.0) {
+        bail!("--orphan-idle-timeout must be a positive number of seconds, not {secs}");
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// Open one backend per worker group (`open` gets the group's interfaces) and run.

@@ -4,7 +4,6 @@
 //! exactly one thread; threads share nothing on the packet path. Control sessions and
 //! the stats server talk to the worker that owns their switch.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,6 +41,10 @@ pub struct Shared {
     pub in_process_links: Vec<(PortSpec, PortSpec)>,
     /// `--busy-poll-us`.
     pub busy_poll: Duration,
+    /// Fingerprint of `--topology`, presented when registering.
+    pub topology: Option<String>,
+    /// `--orphan-idle-timeout`.
+    pub orphan_timeout: Duration,
 }
 
 /// Split switches (indices into `plans`) over at most `workers` groups, balancing the
@@ -104,14 +107,8 @@ fn build<B: Backend>(
             ports,
             ..SwitchEngineConfig::default()
         });
-        switches.push(LogicalSwitch {
-            id: plan.id,
-            name: plan.name.clone(),
-            engine,
-            port_base: base,
-            port_names: plan.ports.iter().map(|p| p.port.clone()).collect(),
-            communicators: BTreeSet::new(),
-        });
+        let port_names = plan.ports.iter().map(|p| p.port.clone()).collect();
+        let switch = LogicalSwitch::new(plan.id, plan.name.clone(), engine, base, port_names);
         sessions.push(control::SessionConfig {
             controller: shared.controller.clone(),
             token: shared.token.clone(),
@@ -119,7 +116,11 @@ fn build<B: Backend>(
             switch_id: plan.id,
             name: plan.name.clone(),
             ports: infos,
+            topology: shared.topology.clone(),
+            orphan_timeout: shared.orphan_timeout,
+            orphans: switch.orphans.clone(),
         });
+        switches.push(switch);
         base += plan.ports.len();
     }
     Ok(Worker { backend, switches, sessions })

@@ -354,13 +354,18 @@ impl Controller {
         }
     }
 
-    /// Stop accepting connections.
+    /// Stop accepting connections and close every connection (their threads end on
+    /// their own), as if the process had ended: the address is free again.
     pub fn stop(mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         // Wake the blocking accept.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         for h in self.threads.drain(..) {
             let _ = h.join();
+        }
+        let open: Vec<Arc<ConnIo>> = lock(&self.shared.conns).drain().map(|(_, io)| io).collect();
+        for io in open {
+            io.close();
         }
     }
 }
