@@ -8,14 +8,26 @@
 //!
 //! Framing: the controller protocol's (`inc_ctrl_proto::codec`: 4-byte big-endian
 //! length + JSON), carrying [`BootMsg`]s.
+//!
+//! **Without a controller.** The group lives at the controller as long as rank 0's
+//! connection that registered it. Collectives never need the controller; destroying
+//! does, and must not fail a job whose results are all in: when that connection is
+//! lost (the controller died or restarted), rank 0 destroys a communicator over a new
+//! connection with the communicator's key (a restarted controller adopted it from the
+//! switches), and if that fails too it logs a warning and succeeds: everything local is
+//! freed, and the switches free their state once idle (`inc-switch
+//! --orphan-idle-timeout`). Destroying the group then succeeds with a warning as well.
+//! Creating a communicator fails, naming the controller address, within the group
+//! timeout.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use inc_ctrl_proto::codec::{self, CodecError, FrameBuffer};
-use inc_ctrl_proto::{ControllerClient, HostEndpoint, RankEndpoint};
+use inc_ctrl_proto::{ClientError, ControllerClient, HostEndpoint, RankEndpoint};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
@@ -140,11 +152,86 @@ impl Conn {
     }
 }
 
+/// Rank 0's link to the controller.
+#[derive(Debug)]
+struct ControllerLink {
+    /// The connection that registered the group (the group lives as long as it).
+    client: ControllerClient,
+    /// Controller address, for messages and to reconnect.
+    addr: String,
+    /// Host credential.
+    token: Option<String>,
+    /// Bound of each controller wait: the group timeout, at most [`CONTROLLER_TIMEOUT`].
+    timeout: Duration,
+    /// Why `client` is unusable, once it failed: the group is gone at the controller.
+    lost: Option<String>,
+    /// Keys of the communicators created, to destroy them from another connection.
+    keys: HashMap<u32, String>,
+    /// A connection opened to destroy communicators after `client` was lost.
+    spare: Option<ControllerClient>,
+    /// Why opening `spare` failed (not tried again: destroys stay quick).
+    unreachable: Option<String>,
+}
+
+/// True if the controller answered (the connection works); false if the connection
+/// failed or timed out.
+fn answered(e: &ClientError) -> bool {
+    matches!(e, ClientError::Rejected(_) | ClientError::Unexpected(_))
+}
+
+impl ControllerLink {
+    fn error(&self, source: ClientError) -> Error {
+        Error::Controller { addr: self.addr.clone(), source }
+    }
+
+    /// Remember that the group's connection failed with `e` (if it did).
+    fn note(&mut self, e: &ClientError) {
+        if !answered(e) && self.lost.is_none() {
+            warn!(controller = %self.addr, error = %e, "the controller connection that registered the group is lost");
+            self.lost = Some(e.to_string());
+        }
+    }
+
+    /// Destroy `comm_id` over a new connection with its key, after the group's own
+    /// connection was lost.
+    fn destroy_elsewhere(&mut self, comm_id: u32) -> std::result::Result<(), String> {
+        if let Some(why) = &self.unreachable {
+            return Err(why.clone());
+        }
+        if self.spare.is_none() {
+            let connect = |timeout| -> std::result::Result<ControllerClient, ClientError> {
+                let mut c = ControllerClient::connect(self.addr.as_str(), timeout)?;
+                c.hello(self.token.clone(), timeout)?;
+                Ok(c)
+            };
+            match connect(self.timeout.min(Duration::from_secs(10))) {
+                Ok(c) => self.spare = Some(c),
+                Err(e) => {
+                    let why = format!("reconnecting: {e}");
+                    self.unreachable = Some(why.clone());
+                    return Err(why);
+                }
+            }
+        }
+        let key = self.keys.get(&comm_id).cloned();
+        let spare = self.spare.as_mut().expect("connected");
+        match spare.destroy_communicator_with_key(comm_id, key, self.timeout) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if !answered(&e) {
+                    self.spare = None;
+                }
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Role {
     /// Rank 0: one connection per other rank (index = rank, slot 0 unused) and the
     /// controller session that keeps the group alive.
-    Root { peers: Vec<Option<Conn>>, controller: ControllerClient, controller_addr: String },
+    Root { peers: Vec<Option<Conn>>, ctl: Box<ControllerLink> },
     /// Other ranks: the connection to rank 0.
     Leaf { root: Conn },
 }
@@ -181,13 +268,13 @@ impl Bootstrap {
         cfg.validate()?;
         if cfg.world_size == 1 {
             // A lone rank still registers the group so the controller knows the host.
-            let (controller, controller_addr) = connect_controller(cfg)?;
+            let ctl = connect_controller(cfg)?;
             let mut b = Bootstrap {
                 rank: 0,
                 world_size: 1,
                 timeout: cfg.timeout,
                 group_id: 0,
-                role: Some(Role::Root { peers: vec![None], controller, controller_addr }),
+                role: Some(Role::Root { peers: vec![None], ctl }),
             };
             b.group_id = b.register_group(cfg, vec![data_ip])?;
             return Ok(b);
@@ -273,7 +360,7 @@ impl Bootstrap {
             joined += 1;
         }
         drop(listener);
-        let (controller, controller_addr) = match connect_controller(cfg) {
+        let ctl = match connect_controller(cfg) {
             Ok(c) => c,
             Err(e) => {
                 abort_all(&mut peers, &e.to_string());
@@ -285,7 +372,7 @@ impl Bootstrap {
             world_size: cfg.world_size,
             timeout: cfg.timeout,
             group_id: 0,
-            role: Some(Role::Root { peers, controller, controller_addr }),
+            role: Some(Role::Root { peers, ctl }),
         };
         let group_id = match b.register_group(cfg, hosts) {
             Ok(g) => g,
@@ -349,12 +436,11 @@ impl Bootstrap {
     }
 
     fn register_group(&mut self, cfg: &GroupConfig, hosts: Vec<Ipv4Addr>) -> Result<u64> {
-        let Some(Role::Root { controller, controller_addr, .. }) = &mut self.role else {
+        let Some(Role::Root { ctl, .. }) = &mut self.role else {
             unreachable!("register_group on rank 0 only")
         };
-        controller
-            .register_group(cfg.token.clone(), hosts, CONTROLLER_TIMEOUT.min(cfg.timeout))
-            .map_err(|source| Error::Controller { addr: controller_addr.clone(), source })
+        let timeout = ctl.timeout;
+        ctl.client.register_group(cfg.token.clone(), hosts, timeout).map_err(|e| ctl.error(e))
     }
 
     pub(crate) fn rank(&self) -> u16 {
@@ -512,15 +598,30 @@ impl Bootstrap {
             }
         }
         let group_id = self.group_id;
-        let Role::Root { controller, controller_addr, .. } = self.role()? else {
-            unreachable!("root")
+        let Role::Root { ctl, .. } = self.role()? else { unreachable!("root") };
+        let created = match &ctl.lost {
+            // The group died with that connection: fail now, naming the controller.
+            Some(why) => Err(ctl.error(ClientError::Rejected(format!(
+                "group {group_id} ended when its controller connection was lost ({why}); \
+                 its communicators keep working, new ones need a new group"
+            )))),
+            None => {
+                let timeout = ctl.timeout;
+                let r = ctl.client.create_communicator_keyed(group_id, ranks, mtu, window, timeout);
+                if let Err(e) = &r {
+                    ctl.note(e);
+                }
+                r.map_err(|e| ctl.error(e))
+            }
         };
-        let created =
-            controller.create_communicator(group_id, ranks, mtu, window, CONTROLLER_TIMEOUT);
         let (comm_id, mut endpoints) = match created {
-            Ok(x) => x,
-            Err(source) => {
-                let e = Error::Controller { addr: controller_addr.clone(), source };
+            Ok(c) => {
+                if let Some(key) = c.key {
+                    ctl.keys.insert(c.comm_id, key);
+                }
+                (c.comm_id, c.endpoints)
+            }
+            Err(e) => {
                 self.abort(&e.to_string());
                 return Err(e);
             }
@@ -576,13 +677,40 @@ impl Bootstrap {
         self.send_all(|_| BootMsg::Release { tag, phase })
     }
 
-    /// Rank 0: remove a communicator from the controller.
+    /// Rank 0: remove a communicator from the controller. When the controller cannot
+    /// be told (the group's connection is lost and a new one fails too), this logs a
+    /// warning and succeeds: the switches free the communicator once it is idle.
     pub(crate) fn destroy_communicator(&mut self, comm_id: u32) -> Result<()> {
-        if let Some(Role::Root { controller, controller_addr, .. }) = &mut self.role {
-            controller
-                .destroy_communicator(comm_id, CONTROLLER_TIMEOUT)
-                .map_err(|source| Error::Controller { addr: controller_addr.clone(), source })?;
+        let Some(Role::Root { ctl, .. }) = &mut self.role else { return Ok(()) };
+        if ctl.lost.is_none() {
+            let timeout = ctl.timeout;
+            match ctl.client.destroy_communicator(comm_id, timeout) {
+                Ok(()) => {
+                    ctl.keys.remove(&comm_id);
+                    return Ok(());
+                }
+                // The controller refused: a real error, as before.
+                Err(e) if answered(&e) => return Err(ctl.error(e)),
+                Err(e) => ctl.note(&e),
+            }
         }
+        let why = ctl.lost.clone().unwrap_or_default();
+        match ctl.destroy_elsewhere(comm_id) {
+            Ok(()) => info!(
+                controller = %ctl.addr,
+                comm_id,
+                "communicator destroyed over a new controller connection (the group's was lost)"
+            ),
+            Err(e) => warn!(
+                controller = %ctl.addr,
+                comm_id,
+                lost = %why,
+                error = %e,
+                "the controller could not be told that the communicator is destroyed; \
+                 freed here, the switches free it once idle (inc-switch --orphan-idle-timeout)"
+            ),
+        }
+        ctl.keys.remove(&comm_id);
         Ok(())
     }
 
@@ -599,14 +727,26 @@ impl Bootstrap {
         }
     }
 
-    /// Tear down: rank 0 destroys the group at the controller; connections close.
+    /// Tear down: rank 0 destroys the group at the controller; connections close. A
+    /// group whose controller connection is lost is gone at the controller already:
+    /// that is logged, and the destroy succeeds.
     pub(crate) fn destroy(&mut self) -> Result<()> {
-        match self.role.take() {
-            Some(Role::Root { mut controller, controller_addr, .. }) => controller
-                .destroy_group(self.group_id, CONTROLLER_TIMEOUT)
-                .map_err(|source| Error::Controller { addr: controller_addr, source }),
-            _ => Ok(()),
+        let Some(Role::Root { mut ctl, .. }) = self.role.take() else { return Ok(()) };
+        if ctl.lost.is_none() {
+            let timeout = ctl.timeout;
+            match ctl.client.destroy_group(self.group_id, timeout) {
+                Ok(()) => return Ok(()),
+                Err(e) if answered(&e) => return Err(ctl.error(e)),
+                Err(e) => ctl.note(&e),
+            }
         }
+        warn!(
+            controller = %ctl.addr,
+            group_id = self.group_id,
+            lost = ctl.lost.as_deref().unwrap_or(""),
+            "group destroyed locally: it ended at the controller with its lost connection"
+        );
+        Ok(())
     }
 }
 
@@ -616,7 +756,7 @@ fn abort_all(peers: &mut [Option<Conn>], reason: &str) {
     }
 }
 
-fn connect_controller(cfg: &GroupConfig) -> Result<(ControllerClient, String)> {
+fn connect_controller(cfg: &GroupConfig) -> Result<Box<ControllerLink>> {
     let addr = cfg.controller.clone().ok_or_else(|| {
         Error::Config(
             "rank 0 needs the controller address: set INCCL_CONTROLLER=host:port or pass it explicitly"
@@ -626,7 +766,16 @@ fn connect_controller(cfg: &GroupConfig) -> Result<(ControllerClient, String)> {
     let timeout = cfg.timeout.min(Duration::from_secs(10));
     let client = ControllerClient::connect(addr.as_str(), timeout)
         .map_err(|source| Error::Controller { addr: addr.clone(), source })?;
-    Ok((client, addr))
+    Ok(Box::new(ControllerLink {
+        client,
+        addr,
+        token: cfg.token.clone(),
+        timeout: CONTROLLER_TIMEOUT.min(cfg.timeout),
+        lost: None,
+        keys: HashMap::new(),
+        spare: None,
+        unreachable: None,
+    }))
 }
 
 /// Bind rank 0's listener on the master address (any local address if the master
