@@ -68,6 +68,11 @@ pub struct Args {
     /// Message size of the counted INC-vs-ring bytes comparison.
     #[arg(long, default_value = "16M")]
     pub ring_size: String,
+    /// Extra Open MPI parameters for the MPI sweep and the counted ReduceScatter, e.g.
+    /// `coll_tuned_use_dynamic_rules=1,coll_tuned_reduce_scatter_block_algorithm=4`
+    /// (the counted ring AllReduce and AllGather keep their forced rings).
+    #[arg(long, value_delimiter = ',', value_name = "KEY=VALUE")]
+    pub mpi_mca: Vec<String>,
     /// Skip the references (MPI, testpmd, kernel forwarding).
     #[arg(long)]
     pub no_refs: bool,
@@ -247,6 +252,8 @@ pub struct Config {
     pub ring_size: u64,
     /// Run the references.
     pub refs: bool,
+    /// Extra Open MPI parameters (`--mpi-mca`).
+    pub mpi_mca: Vec<(String, String)>,
     /// Size to profile.
     pub perf_size: Option<u64>,
     /// Hosts' TX checksum offload per system.
@@ -400,6 +407,16 @@ impl Config {
             ref_seconds,
             ring_size,
             refs: !a.no_refs,
+            mpi_mca: a
+                .mpi_mca
+                .iter()
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').with_context(|| {
+                        format!("--mpi-mca `{kv}`: want KEY=VALUE (an Open MPI MCA parameter)")
+                    })?;
+                    Ok((k.trim().to_string(), v.trim().to_string()))
+                })
+                .collect::<anyhow::Result<_>>()?,
             perf_size: a.perf_size.as_deref().map(parse_size).transpose()?,
         })
     }
@@ -444,6 +461,24 @@ mod tests {
     }
 
     #[test]
+    fn reduce_scatter_and_allgather_sizes_are_whole_vectors() {
+        let (rs, ag) = (Coll::ReduceScatter, Coll::AllGather);
+        assert_eq!(rs.count("int32", 1 << 20, 4), Some(65536));
+        assert_eq!(rs.bytes("int32", 65536, 4), 1 << 20);
+        // 9 ranks: S rounded down to 9 blocks of whole elements.
+        assert_eq!(ag.count("int32", 1 << 20, 9), Some(29127));
+        assert_eq!(ag.bytes("int32", 29127, 9), 1048572);
+        assert_eq!(rs.count("float64", 64, 9), None);
+        assert_eq!(Coll::AllReduce.count("int64", 12, 4), None);
+        assert!((rs.bus_factor(4) - 0.75).abs() < 1e-12);
+        let c = cfg(&["--collectives", "allgather,overlap", "--overlap-size", "1M"]);
+        assert_eq!(c.collectives, vec![Coll::AllGather]);
+        assert!(c.overlap && c.overlap_size == 1 << 20 && c.overlap_requests == 8);
+        assert_eq!(Coll::AllGather.program().0, "inc-bench-rank");
+        assert_eq!(Coll::AllReduce.program(), ("inccl-allreduce".into(), vec![]));
+    }
+
+    #[test]
     fn large_sizes_get_fewer_iterations() {
         let c = cfg(&[]);
         assert_eq!(iterations(&c, 4), (3, 20));
@@ -458,5 +493,9 @@ mod tests {
         assert!(e.contains("alltoall") && e.contains("--collectives"), "{e}");
         let a = Args::try_parse_from(["x", "--min-size", "3"]).unwrap();
         assert!(Config::from_args(&a).is_err());
+        let a = Args::try_parse_from(["x", "--mpi-mca", "btl_tcp_eager_limit"]).unwrap();
+        assert!(Config::from_args(&a).unwrap_err().to_string().contains("--mpi-mca"));
+        let c = cfg(&["--mpi-mca", "a=1,b = 2"]);
+        assert_eq!(c.mpi_mca, vec![("a".into(), "1".into()), ("b".into(), "2".into())]);
     }
 }

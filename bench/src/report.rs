@@ -717,9 +717,73 @@ mod tests {
         // Per round (`stats::median` takes the lower middle of an even count): round 0
         // 10 / 5 = 2.0, round 1 11 / 5 = 2.2.
         assert!(r.contains("2.00 [2.00-2.20]"), "{r}");
+        assert!(!r.contains("== overlap"), "{r}");
         let c = csv(&rows);
         assert_eq!(c.lines().count(), 3);
         let cols = CSV_HEADER.split(',').count();
         assert!(c.lines().all(|l| l.split(',').count() == cols), "{c}");
+    }
+
+    #[test]
+    fn overlap_ratios_per_round_and_bytes_per_host() {
+        let mut ms = Vec::new();
+        for (round, nb) in [(0, 80.0), (1, 120.0)] {
+            let mut m = Measurement::skipped("af_packet", Coll::Overlap, "int32", 8 << 20, "ok");
+            m.round = round;
+            for (p, v) in [
+                ("blocking", vec![100.0, 100.0, 100.0]),
+                ("nonblocking", vec![nb, nb, 1.0]),
+                ("collective", vec![10.0]),
+                ("compute", vec![10.0]),
+                ("overlapped", vec![16.0]),
+            ] {
+                m.parts.insert(p.into(), v);
+            }
+            ms.push(m);
+        }
+        let s = overlap_summaries(&ms, &["af_packet".into(), "pcap".into()]);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].rounds, s[0].nb_over_b.clone()), (2, vec![0.8, 1.2]));
+        assert_eq!(s[0].speedup, vec![1.25, 1.25]);
+        assert_eq!(s[0].over_max, vec![1.6, 1.6]);
+        let t = overlap_table(&ms, &["af_packet".into()], 8);
+        assert!(t.contains("batch of 8") && t.contains("0.80 [0.80-1.20]"), "{t}");
+        // Overlap measurements stay out of the size table.
+        assert!(summarize(&ms, 4).is_empty());
+
+        let mut res = Results {
+            command: String::new(),
+            machine: String::new(),
+            topology: String::new(),
+            world: 2,
+            mtu: 4096,
+            started: String::new(),
+            duration_s: 0.0,
+            supported_backends: vec![],
+            measurements: vec![],
+            frame_rates: vec![],
+            host_bytes: vec![],
+            notes: vec![],
+            overlap_requests: 8,
+        };
+        let mib = 1048576.0;
+        for (system, coll, per_host) in [
+            ("mpi-ring", Coll::AllGather, vec![(0.5 * mib, 0.5 * mib), (0.5 * mib, 0.5 * mib)]),
+            ("af_packet", Coll::AllGather, vec![(0.5 * mib, 0.5 * mib), (0.5 * mib, 0.5 * mib)]),
+            ("af_packet", Coll::ReduceScatter, vec![(mib, 0.5 * mib), (mib, 0.5 * mib)]),
+        ] {
+            res.host_bytes.push(crate::model::HostBytes {
+                system: system.into(),
+                collective: coll,
+                bytes: 1 << 20,
+                per_host,
+            });
+        }
+        let t = host_bytes_table(&res);
+        let lines: Vec<&str> = t.lines().skip(2).collect();
+        assert!(lines[0].starts_with("  reducescatter af_packet"), "{t}");
+        assert!(lines[0].contains("1.000   0.500  1.00/0.50  1.00/0.50"), "{t}");
+        assert!(lines[1].contains("allgather     af_packet"), "{t}");
+        assert!(lines[2].contains("allgather     mpi-ring"), "{t}");
     }
 }

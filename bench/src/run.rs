@@ -293,7 +293,9 @@ impl Ctx<'_> {
             ));
             let d = if coll == Coll::Barrier { "int32" } else { dtype.as_str() };
             let t = Instant::now();
-            match mpi.run(kind, d, &self.cfg.op, &sizes, &[], &log) {
+            let mca: Vec<(&str, &str)> =
+                self.cfg.mpi_mca.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            match mpi.run(kind, d, &self.cfg.op, &sizes, &mca, &log) {
                 Ok(rows) => {
                     for r in rows {
                         let mut m = Measurement::skipped("mpi", coll, &dtype, r.bytes, "ok");
@@ -328,15 +330,17 @@ impl Ctx<'_> {
     }
 
     /// Host interface bytes of one MPI run per collective at `ring_bytes`: Open MPI's
-    /// ring AllReduce and ring AllGather (forced), and its default
-    /// Reduce_scatter_block (coll/tuned has no ring for it; for commutative operators
-    /// its algorithms move (n-1)/n of S each way, as a ring would).
+    /// ring AllReduce and ring AllGather (forced), and its Reduce_scatter_block as the
+    /// sweep runs it (default, or as --mpi-mca says: coll/tuned has no ring for it).
     fn mpi_counted(&mut self, mpi: &Mpi, ring_bytes: u64) -> anyhow::Result<()> {
         let world = self.plan.hosts.len();
         let d = self.cfg.dtypes[0].clone();
+        let user: Vec<(&str, &str)> =
+            self.cfg.mpi_mca.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let rs = if user.is_empty() { "mpi-default" } else { "mpi-mca" };
         for (coll, system, mca) in [
             (Coll::AllReduce, "mpi-ring", &RING[..]),
-            (Coll::ReduceScatter, "mpi-default", &[][..]),
+            (Coll::ReduceScatter, rs, &user[..]),
             (Coll::AllGather, "mpi-ring", &RING_ALLGATHER[..]),
         ] {
             let wanted = coll == Coll::AllReduce || self.cfg.collectives.contains(&coll);
@@ -535,6 +539,10 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         cfg.host_tx_offload.describe(&cfg.backends),
         cfg.host_tx_offload
     ));
+    if !cfg.mpi_mca.is_empty() {
+        let list: Vec<String> = cfg.mpi_mca.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        ctx.res.notes.push(format!("MPI sweep with --mca {}", list.join(" --mca ")));
+    }
     let mpi = if cfg.refs {
         match Mpi::prepare(&plan, &ctx.prefix, &out.join("mpi")) {
             Ok(m) => Some(m),
