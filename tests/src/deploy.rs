@@ -76,6 +76,16 @@ impl HostRun {
         }
     }
 
+    /// How many of the processes are still running.
+    pub fn running(&mut self) -> usize {
+        self.children
+            .iter_mut()
+            .filter_map(|(_, c, _)| c.as_mut())
+            .filter_map(|c| c.try_wait().ok())
+            .filter(Option::is_none)
+            .count()
+    }
+
     /// Wait for every process, up to `timeout` from now; stragglers are killed.
     pub fn wait(mut self, timeout: Duration) -> Vec<HostOutcome> {
         let deadline = Instant::now() + timeout;
@@ -137,10 +147,14 @@ pub struct Deployment {
     /// Where process logs go (removed on drop unless the test panicked).
     pub logdir: PathBuf,
     link_emu: Vec<String>,
+    /// More `inc-switch run` arguments (e.g. `--orphan-idle-timeout`).
+    switch_args: Vec<String>,
     /// The controller's credentials (token file `controller.token` in `logdir`):
     /// switches present the switch token, hosts the host token, as in `scripts/demo`.
     creds: Credentials,
     controller: Option<Child>,
+    /// Controller processes started so far (each logs to its own file).
+    controller_starts: usize,
     switches: BTreeMap<String, Child>,
     _guard: TeardownGuard,
     _lock: Flock<File>,
@@ -180,6 +194,16 @@ impl Deployment {
     /// controller and one process per switch with `--link-emu` arguments `link_emu`,
     /// and wait until every switch registered.
     pub fn up(prefix: &str, topology: &str, link_emu: &[&str]) -> Deployment {
+        Self::up_with(prefix, topology, link_emu, &[])
+    }
+
+    /// [`Deployment::up`] with more `inc-switch run` arguments for every switch.
+    pub fn up_with(
+        prefix: &str,
+        topology: &str,
+        link_emu: &[&str],
+        switch_args: &[&str],
+    ) -> Deployment {
         let root = repo_root();
         let lock_file = File::create(std::env::temp_dir().join("inc-e2e.lock")).expect("lock");
         let lock = Flock::lock(lock_file, FlockArg::LockExclusive).expect("flock");
@@ -214,28 +238,15 @@ impl Deployment {
             plan,
             logdir,
             link_emu: link_emu.iter().map(|s| s.to_string()).collect(),
+            switch_args: switch_args.iter().map(|s| s.to_string()).collect(),
             creds,
             controller: None,
+            controller_starts: 0,
             switches: BTreeMap::new(),
             _guard: guard,
             _lock: lock,
         };
-        let args = vec![
-            "serve".to_string(),
-            "--topology".into(),
-            d.topology.display().to_string(),
-            "--listen".into(),
-            d.plan.controller_addr.clone(),
-            "--token-file".into(),
-            token_file.display().to_string(),
-        ];
-        d.controller = Some(spawn_in(
-            &d.plan.controller_ns,
-            &d.logdir.join("controller.log"),
-            &ctrl,
-            &args,
-            &[],
-        ));
+        d.start_controller(None, None);
         let names: Vec<String> = d.plan.switches.iter().map(|s| s.name.clone()).collect();
         for name in &names {
             d.start_switch(name);
@@ -246,8 +257,85 @@ impl Deployment {
         d
     }
 
-    fn switch_log(&self, name: &str) -> PathBuf {
+    /// Log file of switch `name` (since its last start).
+    pub fn switch_log(&self, name: &str) -> PathBuf {
         self.logdir.join(format!("switch-{name}.log"))
+    }
+
+    /// Log file of the controller process started last.
+    pub fn controller_log(&self) -> PathBuf {
+        match self.controller_starts {
+            0 | 1 => self.logdir.join("controller.log"),
+            n => self.logdir.join(format!("controller-{n}.log")),
+        }
+    }
+
+    /// The controller's token file (`controller.token` in the log directory).
+    pub fn token_file(&self) -> PathBuf {
+        self.logdir.join("controller.token")
+    }
+
+    /// Start a controller (after [`Deployment::kill_controller`]) with `topology` and
+    /// `token_file` instead of the deployment's (`None`: the deployment's). Its log is a
+    /// new file ([`Deployment::controller_log`]).
+    pub fn start_controller(&mut self, topology: Option<&Path>, token_file: Option<&Path>) {
+        assert!(self.controller.is_none(), "a controller is running");
+        let topology = topology.unwrap_or(&self.topology).display().to_string();
+        let token_file = token_file.map_or_else(|| self.token_file(), Path::to_path_buf);
+        let args = vec![
+            "serve".to_string(),
+            "--topology".into(),
+            topology,
+            "--listen".into(),
+            self.plan.controller_addr.clone(),
+            "--token-file".into(),
+            token_file.display().to_string(),
+        ];
+        self.controller_starts += 1;
+        let ctrl = bin_dir().join("inc-controller");
+        let log = self.controller_log();
+        self.controller = Some(spawn_in(&self.plan.controller_ns, &log, &ctrl, &args, &[]));
+    }
+
+    /// SIGKILL the controller process (by its PID); its PID, if one was running.
+    pub fn kill_controller(&mut self) -> Option<u32> {
+        let mut c = self.controller.take()?;
+        let pid = c.id();
+        let _ = c.kill();
+        let _ = c.wait();
+        Some(pid)
+    }
+
+    /// Whether the controller process is running (has not exited).
+    pub fn controller_running(&mut self) -> bool {
+        self.controller.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Whether the process of switch `name` is running (has not exited).
+    pub fn switch_running(&mut self, name: &str) -> bool {
+        self.switches.get_mut(name).is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// How many times switch `name` logged a registration since its last start.
+    pub fn registrations(&self, name: &str) -> usize {
+        let log = std::fs::read_to_string(self.switch_log(name)).unwrap_or_default();
+        log.lines().filter(|l| l.contains("registered with controller")).count()
+    }
+
+    /// `inc-controller status --json` from the controller's namespace, with the host
+    /// credential; `None` if it does not answer.
+    pub fn controller_status(&self) -> Option<Value> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.plan.controller_ns])
+            .arg(bin_dir().join("inc-controller"))
+            .args(["status", "--json", "--controller", &self.plan.controller_addr])
+            .env(TOKEN_ENV, self.creds.token(Role::Host))
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
     }
 
     /// Start (or restart) the process of switch `name`.
@@ -277,6 +365,7 @@ impl Deployment {
         for e in &self.link_emu {
             args.push(format!("--link-emu={e}"));
         }
+        args.extend(self.switch_args.iter().cloned());
         let log = self.switch_log(name);
         let env = [(TOKEN_ENV.to_string(), self.creds.token(Role::Switch).to_string())];
         let child = spawn_in(&sw.ns, &log, &bin_dir().join("inc-switch"), &args, &env);
@@ -289,6 +378,19 @@ impl Deployment {
         wait_until(&format!("switch {name} to register"), Duration::from_secs(30), || {
             std::fs::read_to_string(&log).is_ok_and(|s| s.contains("registered with controller"))
         });
+    }
+
+    /// Wait up to `timeout` until switch `name` logged at least `n` registrations
+    /// since its last start; false if it did not.
+    pub fn wait_registrations(&self, name: &str, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.registrations(name) < n {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
     }
 
     /// SIGKILL the process of switch `name`.
