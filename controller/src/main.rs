@@ -22,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Validate a topology file.
+    /// Validate a topology file; prints its fingerprint (what switches register with:
+    /// a controller serving another topology refuses them).
     Check {
         /// Topology YAML.
         file: PathBuf,
@@ -358,13 +359,14 @@ fn run() -> Result<()> {
         Cmd::Check { file } => {
             let t = Topology::load(&file).map_err(|e| anyhow::anyhow!("{e}"))?;
             println!(
-                "{}: ok: topology `{}`: {} switches, {} links, {} hosts, root `{}`",
+                "{}: ok: topology `{}`: {} switches, {} links, {} hosts, root `{}`, fingerprint {}",
                 file.display(),
                 t.name,
                 t.switches.len(),
                 t.links.len(),
                 t.hosts.len(),
-                t.switches[t.root].name
+                t.switches[t.root].name,
+                t.fingerprint()
             );
         }
         Cmd::Rules { topology, hosts, mtu, window, seed, endpoints, routes } => {

@@ -95,6 +95,10 @@ struct inccl_group *inccl_group_create(int world_size, int rank, const char *mas
 struct inccl_group *inccl_group_create_with_controller(int world_size, int rank,
                                                        const char *master_addr,
                                                        const char *controller_addr);
+/* inccl_group_destroy and inccl_communicator_destroy: when the controller is gone
+ * (died or restarted) they still free everything local and return INCCL_OK, with a
+ * warning logged (inccl/README.md, "Without a controller"); a controller that refuses
+ * is INCCL_ECONTROLLER as before. */
 int inccl_group_destroy(struct inccl_group *group);
 int inccl_group_rank(const struct inccl_group *group);
 int inccl_group_world_size(const struct inccl_group *group);

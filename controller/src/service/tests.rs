@@ -658,3 +658,45 @@ fn held_reports_in_parts_and_lost_adopted_parts() {
     let ids: Vec<u32> = core.status().communicators.iter().map(|c| c.comm_id).collect();
     assert_eq!(ids, [c3], "c1 and c2 were adopted parts the switch no longer holds");
 }
+
+/// A restarted controller adopting 5,000 communicators a switch reports in parts:
+/// all adopted and accounted, every reply within a request frame; prints the time.
+#[test]
+fn a_restarted_controller_adopts_thousands_of_communicators() {
+    let (mut old, t0, group_id) = big_core(10_000);
+    let mut held = Vec::new();
+    for _ in 0..5_000 {
+        held.push(create_one(&mut old, t0, 1, group_id).2);
+    }
+    let cfg = old.config().clone();
+    drop(old);
+    let mut core = Core::new(cfg, t0);
+    let start = std::time::Instant::now();
+    core.open(1, peer(2), t0);
+    let parts: Vec<Vec<HeldCommunicator>> = held.chunks(500).map(<[_]>::to_vec).collect();
+    let mut adopted = 0;
+    for (i, part) in parts.iter().enumerate() {
+        let more = i + 1 < parts.len();
+        let msg = if i == 0 {
+            let mut m = registration(vec![], part.clone());
+            if let Message::RegisterSwitch { more_held, .. } = &mut m {
+                *more_held = more;
+            }
+            m
+        } else {
+            Message::ReportHeld { held: part.clone(), more }
+        };
+        let bytes = frame(i as u64 + 1, msg);
+        assert!(bytes.len() < inc_ctrl_proto::MAX_FRAME, "{}", bytes.len());
+        core.receive(1, &bytes, t0);
+        let (r, closed) = replies(&mut core, 1);
+        let Message::Registered { orphaned, .. } = &r[0].body else { panic!("{r:?}") };
+        assert!(!closed);
+        adopted += orphaned.len();
+    }
+    let took = start.elapsed();
+    assert_eq!(adopted, 5_000);
+    assert_eq!(core.status().communicators.len(), 5_000);
+    assert_eq!(core.alloc.live_qpns(0), 5_000 * 4);
+    println!("5,000 held communicators adopted in {took:?}");
+}
