@@ -210,6 +210,24 @@ fn communicators_destroyed_while_the_controller_is_down_are_freed() {
     let still = held(&d);
     assert!(still.iter().all(|(_, c, _)| *c == 1), "freed too early: {still:?}");
 
+    // A new job while the controller is down fails within the bootstrap timeout (10 s),
+    // every rank naming the controller's address.
+    let addr = d.plan.controller_addr.clone();
+    let t_new = Instant::now();
+    let failed = d.start_hosts(1, "inccl-allreduce", 1 << 10, &[], &HOST_ENV);
+    let failed = failed.wait(Duration::from_secs(30));
+    let t_fail = t_new.elapsed();
+    for o in &failed {
+        assert!(
+            o.status.is_some_and(|s| !s.success()) && o.output.contains(&addr),
+            "rank {} should fail naming {addr}: {:?}\n{}",
+            o.rank,
+            o.status,
+            o.output
+        );
+    }
+    assert!(t_fail < Duration::from_secs(10 + 5), "took {t_fail:?}");
+
     let before: Vec<(String, usize)> =
         names(&d).into_iter().map(|n| (n.clone(), d.registrations(&n))).collect();
     d.start_controller(None, None);
@@ -237,9 +255,11 @@ fn communicators_destroyed_while_the_controller_is_down_are_freed() {
     let ctl_log = std::fs::read_to_string(d.controller_log()).unwrap_or_default();
     let adopted = ctl_log.contains("communicator adopted");
     println!(
-        "ranks destroyed with the controller down (exit 0, warning logged); restarted {} later: \
+        "ranks destroyed with the controller down (exit 0, warning logged); a new job then \
+         failed on every rank naming {addr} in {}; restarted {} after the ranks exited: \
          switches re-registered in {}, communicator adopted: {adopted}; switches held nothing \
          {} after the ranks exited (bound {}); test took {}",
+        secs(t_fail),
         secs(restarted.duration_since(done)),
         secs(rereg),
         secs(cleanup),
