@@ -236,7 +236,8 @@ impl Ctx<'_> {
                 dtype: "int32".into(),
                 op: "sum".into(),
                 count: self.cfg.overlap_size / 4,
-                warmup: 1,
+                // Each warm-up repetition rescales the busy loop to C.
+                warmup: 2,
                 iters: self.cfg.overlap_iters,
                 master_port: self.next_port(),
                 perf_dir: None,

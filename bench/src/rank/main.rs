@@ -14,10 +14,11 @@
 //!   times, after a barrier each: `--requests` AllReduces blocking one after another
 //!   (`blocking`) and the same started as non-blocking calls and then waited for
 //!   (`nonblocking`), in alternating order; one non-blocking AllReduce alone
-//!   (`collective`, C); a busy loop alone (`compute`, T), calibrated to take about C
-//!   (its rate measured at start-up while every rank runs it, then rescaled by each
-//!   warm-up repetition's C / T); and the busy loop while one non-blocking AllReduce
-//!   runs (`overlapped`). Lines `#  part_us rank=R part=NAME: ...`.
+//!   (`collective`, C); a busy loop alone (`compute`, T), the same work on every rank,
+//!   calibrated to take about C (its rate measured at start-up while every rank runs it,
+//!   then rescaled by each warm-up repetition's C / T, all the slowest rank's); and the
+//!   busy loop while one non-blocking AllReduce runs (`overlapped`). Lines
+//!   `#  part_us rank=R part=NAME: ...`.
 //!
 //! Inputs are the MPI reference's (bench/mpi/inc_mpi_bench.c): small integers (powers
 //! of two for PROD), exact in every type and combining order; every element of every
@@ -269,6 +270,14 @@ fn blocked(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
     Ok(Outcome { pass, parts: vec![part], bytes: whole * s as u64, note: String::new() })
 }
 
+/// The largest `d` over the ranks (an INC AllReduce MAX of nanoseconds).
+fn slowest(comm: &mut Communicator, d: Duration) -> anyhow::Result<Duration> {
+    let mine = [u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)];
+    let mut max = [0u64];
+    comm.allreduce(&mine, &mut max, ReduceOp::Max)?;
+    Ok(Duration::from_nanos(max[0]))
+}
+
 /// One non-blocking AllReduce of `src` into `dst`, with `work` units of busy loop while
 /// it runs.
 fn one(comm: &mut Communicator, src: &[i32], dst: &mut [i32], work: u64) -> anyhow::Result<()> {
@@ -303,8 +312,10 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
             d.fill(0);
         }
     };
-    // Calibration: C from warm-up collectives, then the busy loop's rate measured while
-    // every rank computes (as in the timed parts), doubling until it takes 20 ms.
+    // Calibration, the same amount of work on every rank: C (the slowest rank's median)
+    // from warm-up collectives, then the busy loop's rate measured while every rank
+    // computes (as in the timed parts), doubling until it takes 20 ms (the slowest
+    // rank's rate).
     let mut c = Vec::new();
     for it in 0..a.warmup.max(3) {
         comm.barrier()?;
@@ -313,7 +324,7 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
         c.push(t.elapsed());
         check(&mut dsts[..1], "calibration", it);
     }
-    let c = median(&c);
+    let c = slowest(comm, median(&c))?;
     comm.barrier()?;
     let mut units = 1u64 << 16;
     let per_unit = loop {
@@ -325,6 +336,8 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
         }
         units *= 2;
     };
+    // (as a duration: the slowest rank's time per million units)
+    let per_unit = slowest(comm, Duration::from_secs_f64(per_unit * 1e6))?.as_secs_f64() / 1e6;
     let mut work = ((c.as_secs_f64() / per_unit) as u64).max(1);
     comm.barrier()?;
     let names = ["blocking", "nonblocking", "collective", "compute", "overlapped"];
@@ -365,9 +378,13 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
         let t0 = Instant::now();
         spin(work);
         t[3] = t0.elapsed();
-        if it < a.warmup && !t[3].is_zero() {
-            // The rate measured alone rarely holds exactly: rescale to this warm-up's C.
-            work = ((work as f64 * t[2].as_secs_f64() / t[3].as_secs_f64()) as u64).max(1);
+        if it < a.warmup {
+            // The rate measured alone rarely holds exactly: rescale to this warm-up's C,
+            // both the slowest rank's, as the timed parts are.
+            let (c, t) = (slowest(comm, t[2])?, slowest(comm, t[3])?);
+            if !t.is_zero() {
+                work = ((work as f64 * c.as_secs_f64() / t.as_secs_f64()) as u64).max(1);
+            }
         }
         comm.barrier()?;
         let t0 = Instant::now();
