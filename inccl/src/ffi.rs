@@ -19,7 +19,7 @@ use crate::config::{CommConfig, GroupConfig};
 use crate::error::{Error, Result};
 use crate::group::Out;
 use crate::group::{Communicator, Group};
-use crate::request::{Plan, RawBuf, RawBufMut, Shared};
+use crate::request::{Plan, RawBufMut, Shared};
 use crate::types::{DataType, ReduceOp};
 
 /// Opaque group handle.
@@ -441,7 +441,7 @@ unsafe fn src_dst(
         // Safety: the in-place buffer holds the larger of the two lengths, per the
         // contract above.
         let b = unsafe { buf_mut(dst, src_len.max(dst_len), &format!("{what} buffer")) }?;
-        return Ok(Out::InPlace(RawBufMut::new(b)));
+        return Ok(Out::in_place(b));
     }
     if overlap(src, src_len, dst, dst_len) {
         return Err(Error::InvalidArgument(format!(
@@ -455,7 +455,7 @@ unsafe fn src_dst(
             buf_mut(dst, dst_len, &format!("{what} dst"))?,
         )
     };
-    Ok(Out::Separate(RawBuf::new(s), RawBufMut::new(d)))
+    Ok(Out::separate(s, d))
 }
 
 /// Safety: as [`inccl_allreduce`].
@@ -490,7 +490,7 @@ unsafe fn plan_reduce(
     if c.rank() != root {
         // Safety: `src` holds `len` bytes, per the contract.
         let s = unsafe { buf_ref(src, len, "reduce src") }?;
-        return c.plan_reduce(Out::Separate(RawBuf::new(s), RawBufMut::new(&mut [])), dt, op, root);
+        return c.plan_reduce(Out::separate(s, &mut []), dt, op, root);
     }
     // Safety: forwarded contract.
     let out = unsafe { src_dst("reduce", src, len, dst, len, std::ptr::eq(src, dst)) }?;

@@ -147,6 +147,16 @@ pub(crate) enum Out {
     InPlace(RawBufMut),
 }
 
+impl Out {
+    pub(crate) fn separate(src: &[u8], dst: &mut [u8]) -> Out {
+        Out::Separate(RawBuf::new(src), RawBufMut::new(dst))
+    }
+
+    pub(crate) fn in_place(buf: &mut [u8]) -> Out {
+        Out::InPlace(RawBufMut::new(buf))
+    }
+}
+
 impl Communicator {
     /// This process's rank.
     pub fn rank(&self) -> u16 {
@@ -251,8 +261,7 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let plan =
-            self.plan_allreduce(Out::Separate(RawBuf::new(src), RawBufMut::new(dst)), dtype, op)?;
+        let plan = self.plan_allreduce(Out::separate(src, dst), dtype, op)?;
         self.run(plan)
     }
 
@@ -263,7 +272,7 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let plan = self.plan_allreduce(Out::InPlace(RawBufMut::new(buf)), dtype, op)?;
+        let plan = self.plan_allreduce(Out::in_place(buf), dtype, op)?;
         self.run(plan)
     }
 
@@ -276,12 +285,7 @@ impl Communicator {
         op: ReduceOp,
         root: u16,
     ) -> Result<()> {
-        let plan = self.plan_reduce(
-            Out::Separate(RawBuf::new(src), RawBufMut::new(dst)),
-            dtype,
-            op,
-            root,
-        )?;
+        let plan = self.plan_reduce(Out::separate(src, dst), dtype, op, root)?;
         self.run(plan)
     }
 
@@ -293,7 +297,7 @@ impl Communicator {
         op: ReduceOp,
         root: u16,
     ) -> Result<()> {
-        let plan = self.plan_reduce(Out::InPlace(RawBufMut::new(buf)), dtype, op, root)?;
+        let plan = self.plan_reduce(Out::in_place(buf), dtype, op, root)?;
         self.run(plan)
     }
 
@@ -311,11 +315,7 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let plan = self.plan_reduce_scatter(
-            Out::Separate(RawBuf::new(src), RawBufMut::new(dst)),
-            dtype,
-            op,
-        )?;
+        let plan = self.plan_reduce_scatter(Out::separate(src, dst), dtype, op)?;
         self.run(plan)
     }
 
@@ -326,20 +326,19 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let plan = self.plan_reduce_scatter(Out::InPlace(RawBufMut::new(buf)), dtype, op)?;
+        let plan = self.plan_reduce_scatter(Out::in_place(buf), dtype, op)?;
         self.run(plan)
     }
 
     /// AllGather on byte buffers (`dst` = `world_size` blocks of `src.len()` bytes).
     pub fn allgather_bytes(&mut self, src: &[u8], dst: &mut [u8], dtype: DataType) -> Result<()> {
-        let plan =
-            self.plan_allgather(Out::Separate(RawBuf::new(src), RawBufMut::new(dst)), dtype)?;
+        let plan = self.plan_allgather(Out::separate(src, dst), dtype)?;
         self.run(plan)
     }
 
     /// In-place AllGather on a byte buffer of `world_size` blocks.
     pub fn allgather_bytes_in_place(&mut self, buf: &mut [u8], dtype: DataType) -> Result<()> {
-        let plan = self.plan_allgather(Out::InPlace(RawBufMut::new(buf)), dtype)?;
+        let plan = self.plan_allgather(Out::in_place(buf), dtype)?;
         self.run(plan)
     }
 
@@ -389,8 +388,8 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<UnscopedRequest> {
         let out = match src {
-            Some(s) => Out::Separate(RawBuf::new(s), RawBufMut::new(dst)),
-            None => Out::InPlace(RawBufMut::new(dst)),
+            Some(s) => Out::separate(s, dst),
+            None => Out::in_place(dst),
         };
         let plan = self.plan_allreduce(out, dtype, op)?;
         // Safety: forwarded contract.
@@ -633,10 +632,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         dst: &'env mut [T],
         op: ReduceOp,
     ) -> Result<Request<'s>> {
-        let out = Out::Separate(
-            RawBuf::new(bytemuck::cast_slice(src)),
-            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
-        );
+        let out = Out::separate(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
         self.start(self.comm.plan_allreduce(out, T::DTYPE, op))
     }
 
@@ -646,7 +642,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         buf: &'env mut [T],
         op: ReduceOp,
     ) -> Result<Request<'s>> {
-        let out = Out::InPlace(RawBufMut::new(bytemuck::cast_slice_mut(buf)));
+        let out = Out::in_place(bytemuck::cast_slice_mut(buf));
         self.start(self.comm.plan_allreduce(out, T::DTYPE, op))
     }
 
@@ -658,10 +654,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         op: ReduceOp,
         root: u16,
     ) -> Result<Request<'s>> {
-        let out = Out::Separate(
-            RawBuf::new(bytemuck::cast_slice(src)),
-            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
-        );
+        let out = Out::separate(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
         self.start(self.comm.plan_reduce(out, T::DTYPE, op, root))
     }
 
@@ -681,10 +674,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         dst: &'env mut [T],
         op: ReduceOp,
     ) -> Result<Request<'s>> {
-        let out = Out::Separate(
-            RawBuf::new(bytemuck::cast_slice(src)),
-            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
-        );
+        let out = Out::separate(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
         self.start(self.comm.plan_reduce_scatter(out, T::DTYPE, op))
     }
 
@@ -694,10 +684,7 @@ impl<'s, 'env> Scope<'s, 'env> {
         src: &'env [T],
         dst: &'env mut [T],
     ) -> Result<Request<'s>> {
-        let out = Out::Separate(
-            RawBuf::new(bytemuck::cast_slice(src)),
-            RawBufMut::new(bytemuck::cast_slice_mut(dst)),
-        );
+        let out = Out::separate(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst));
         self.start(self.comm.plan_allgather(out, T::DTYPE))
     }
 
