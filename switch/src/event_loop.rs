@@ -516,7 +516,10 @@ impl<B: Backend> EventLoop<B> {
                     }
                 }
                 for comm in &expired {
-                    s.drop_comm(*comm, &format!("orphan idle for the orphan timeout ({idle:?})"));
+                    s.drop_comm(
+                        *comm,
+                        &format!("orphan idle for --orphan-idle-timeout ({idle:?})"),
+                    );
                     s.orphans_expired += 1;
                 }
                 s.count_orphans();

@@ -104,6 +104,18 @@ impl Comm {
     }
 }
 
+/// A registered switch still reporting the communicators it holds.
+#[derive(Debug)]
+pub(super) struct Reporting {
+    /// Its connection.
+    pub(super) conn: ConnId,
+    /// Ids kept so far (owned or adopted).
+    pub(super) kept: BTreeSet<u32>,
+    /// The next part must arrive by then (`hello_timeout` after the last reply), or
+    /// the connection is closed.
+    pub(super) deadline: Instant,
+}
+
 /// Communicators of earlier controllers that were destroyed or expired here, so a
 /// switch reporting one later does not bring it back. Oldest forgotten first.
 #[derive(Debug, Default)]
@@ -154,9 +166,9 @@ pub struct Core {
     pub(super) ops: HashMap<u64, Op>,
     /// Switches that registered and are being re-pushed their communicators.
     pub(super) repush: HashMap<u32, Repush>,
-    /// Switches that registered and are still reporting held communicators: the ids
-    /// kept so far. No communicator involving them is created meanwhile.
-    pub(super) reporting: HashMap<u32, BTreeSet<u32>>,
+    /// Switches that registered and are still reporting held communicators. No
+    /// communicator involving them is created meanwhile.
+    pub(super) reporting: HashMap<u32, Reporting>,
     /// This controller process's incarnation (random): stamped on the communicators
     /// it creates ([`Origin::epoch`]).
     pub(super) epoch: u64,
@@ -368,7 +380,15 @@ impl Core {
                 late.push((*id, format!("no authentication within {:?}", self.cfg.hello_timeout)));
             }
         }
+        let hello = self.cfg.hello_timeout;
+        for r in self.reporting.values().filter(|r| now >= r.deadline) {
+            late.push((
+                r.conn,
+                format!("the next part of the held communicators did not come within {hello:?}"),
+            ));
+        }
         late.sort();
+        late.dedup_by_key(|(id, _)| *id);
         for (id, reason) in late {
             if let Some(ip) = self.conns.get(&id).map(|c| c.peer.ip()) {
                 if self.may_log(ip) {
@@ -390,6 +410,7 @@ impl Core {
                 .flatten()
         });
         conns
+            .chain(self.reporting.values().map(|r| r.deadline))
             .chain(self.pending.values().map(|p| p.deadline))
             .chain(self.logs.next_deadline())
             .min()

@@ -10,7 +10,7 @@ use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 use tracing::{debug, info, warn};
 
-use super::core::{Comm, ConnId, Core, Group, Standing};
+use super::core::{Comm, ConnId, Core, Group, Reporting, Standing};
 use super::ops::OpKind;
 use crate::auth::Role;
 use crate::compiler::{compile, CommunicatorSpec, Compiled};
@@ -241,7 +241,8 @@ impl Core {
             c.auth_deadline = None;
         }
         info!(switch = %name, switch_id, %peer, held = held.len(), more_held, "switch registered");
-        self.reporting.insert(switch_id, BTreeSet::new());
+        let deadline = self.now + self.cfg.hello_timeout;
+        self.reporting.insert(switch_id, Reporting { conn, kept: BTreeSet::new(), deadline });
         self.judge_held(conn, id, switch_id, held, more_held);
     }
 
@@ -303,12 +304,14 @@ impl Core {
             let shown: Vec<&String> = dropped.iter().take(8).collect();
             debug!(switch = %label, ?shown, "held communicators dropped");
         }
-        if let Some(kept) = self.reporting.get_mut(&switch_id) {
-            kept.extend(owned.iter().chain(&orphaned).copied());
+        let next = self.now + self.cfg.hello_timeout;
+        if let Some(r) = self.reporting.get_mut(&switch_id) {
+            r.kept.extend(owned.iter().chain(&orphaned).copied());
+            r.deadline = next;
         }
         self.send(conn, id, Message::Registered { owned, orphaned });
         if !more {
-            let kept = self.reporting.remove(&switch_id).unwrap_or_default();
+            let kept = self.reporting.remove(&switch_id).map(|r| r.kept).unwrap_or_default();
             self.report_done(switch_id, &kept);
         }
     }

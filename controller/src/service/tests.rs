@@ -700,3 +700,29 @@ fn a_restarted_controller_adopts_thousands_of_communicators() {
     assert_eq!(core.alloc.live_qpns(0), 5_000 * 4);
     println!("5,000 held communicators adopted in {took:?}");
 }
+
+/// A switch that announces more held communicators and sends nothing more is closed
+/// when the next part does not come within the hello timeout (it blocks nothing longer).
+#[test]
+fn a_held_report_that_stalls_is_closed() {
+    let (mut core, t0) = core();
+    core.open(1, peer(2), t0);
+    let mut reg = registration(vec![], vec![]);
+    if let Message::RegisterSwitch { more_held, .. } = &mut reg {
+        *more_held = true;
+    }
+    core.receive(1, &frame(1, reg), t0);
+    core.take_outputs();
+    let limit = t0 + core.config().hello_timeout;
+    assert_eq!(core.next_deadline(), Some(limit));
+    core.tick(limit - Duration::from_millis(1));
+    assert!(!replies(&mut core, 1).1);
+    core.tick(limit);
+    let (r, closed) = replies(&mut core, 1);
+    assert!(closed, "{r:?}");
+    assert!(
+        matches!(&r[0].body, Message::Error { reason } if reason.contains("did not come within")),
+        "{r:?}"
+    );
+    assert!(core.reporting.is_empty() && !core.status().switches[0].connected);
+}
