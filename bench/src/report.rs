@@ -471,6 +471,10 @@ pub fn host_bytes_table(res: &Results) -> String {
     o
 }
 
+/// The timed parts of the overlap measurement (inc-bench-rank's names).
+const PARTS: [&str; 7] =
+    ["blocking", "nonblocking", "collective", "compute", "overlapped", "idle", "idleoverlapped"];
+
 /// One backend's overlap measurement, summarised.
 #[derive(Debug, Clone, Serialize)]
 pub struct OverlapSummary {
@@ -489,6 +493,9 @@ pub struct OverlapSummary {
     pub speedup: Vec<f64>,
     /// Per round: overlapped / max(compute, collective).
     pub over_max: Vec<f64>,
+    /// Per round: (idle + collective) / idleoverlapped (a sleep instead of the busy
+    /// loop), of the round's medians.
+    pub idle_speedup: Vec<f64>,
     /// "ok" or the first failure.
     pub status: String,
 }
@@ -507,7 +514,7 @@ pub fn overlap_summaries(ms: &[Measurement], backends: &[String]) -> Vec<Overlap
             ok.iter().map(|m| f(m)).filter(|v| v.is_finite()).collect()
         };
         let mut median_us = BTreeMap::new();
-        for p in ["blocking", "nonblocking", "collective", "compute", "overlapped"] {
+        for p in PARTS {
             let all: Vec<f64> =
                 ok.iter().flat_map(|m| m.parts.get(p).cloned().unwrap_or_default()).collect();
             median_us.insert(p.to_string(), median(&all));
@@ -523,6 +530,9 @@ pub fn overlap_summaries(ms: &[Measurement], backends: &[String]) -> Vec<Overlap
             }),
             over_max: ratio(&|m| {
                 part(m, "overlapped") / part(m, "compute").max(part(m, "collective"))
+            }),
+            idle_speedup: ratio(&|m| {
+                (part(m, "idle") + part(m, "collective")) / part(m, "idleoverlapped")
             }),
             status: mine.iter().find(|m| !m.ok()).map_or("ok".into(), |m| m.status.clone()),
         });
@@ -545,48 +555,64 @@ pub fn overlap_table(ms: &[Measurement], backends: &[String], requests: u32) -> 
     let Some(first) = ms.iter().find(|m| m.collective == Coll::Overlap) else { return o };
     let _ = writeln!(
         o,
-        "== overlap, int32 sum AllReduces of {}: a batch of {requests} blocking one after \
-         another vs started non-blocking and then waited for; T a busy loop alone, C one \
-         non-blocking AllReduce alone, overlapped: the busy loop while it runs. Times: \
-         medians over every iteration of every round (slowest rank); ratios: median \
-         [min-max] over the rounds of each round's medians",
+        "== overlap, int32 sum AllReduces of {}. Batch: {requests} of them blocking one \
+         after another vs started non-blocking and then waited for. Compute: C one \
+         non-blocking AllReduce alone, T a busy loop alone, overlapped the busy loop while \
+         it runs; idle: the same with a sleep of about C instead of the busy loop (compute \
+         that leaves the CPUs free). Times: medians over every iteration of every round \
+         (slowest rank); ratios: median [min-max] over the rounds of each round's medians",
         human_size(first.bytes)
     );
     let _ = writeln!(
         o,
-        "# {:<10} {:>6} {:>12} {:>12} {:>20} {:>11} {:>11} {:>11} {:>20} {:>20}  status",
+        "# {:<10} {:>6} {:>12} {:>12} {:>20}  status",
+        "system", "rounds", "blocking", "non-block.", "non-block./blocking"
+    );
+    let _ = writeln!(o, "# {:<10} {:>6} {:>12} {:>12}", "", "", "(us, batch)", "(us, batch)");
+    let t = |s: &OverlapSummary, p: &str| s.median_us.get(p).copied().unwrap_or(0.0);
+    for s in &sums {
+        let _ = writeln!(
+            o,
+            "  {:<10} {:>6} {:>12.0} {:>12.0} {:>20}  {}",
+            s.system,
+            s.rounds,
+            t(s, "blocking"),
+            t(s, "nonblocking"),
+            range_text(&s.nb_over_b),
+            s.status
+        );
+    }
+    let _ = writeln!(
+        o,
+        "# {:<10} {:>9} {:>9} {:>10} {:>18} {:>19} {:>9} {:>10} {:>18}",
         "system",
-        "rounds",
-        "blocking",
-        "non-block.",
-        "non-block./blocking",
-        "T compute",
         "C coll.",
-        "overlapped",
+        "T busy",
+        "overlap.",
         "(T+C)/overlapped",
-        "overlapped/max(T,C)"
+        "overlapped/max",
+        "idle",
+        "idle-ov.",
+        "(idle+C)/idle-ov."
     );
     let _ = writeln!(
         o,
-        "# {:<10} {:>6} {:>12} {:>12} {:>20} {:>11} {:>11} {:>11}",
-        "", "", "(us, batch)", "(us, batch)", "", "(us)", "(us)", "(us)"
+        "# {:<10} {:>9} {:>9} {:>10} {:>18} {:>19} {:>9} {:>10}",
+        "", "(us)", "(us)", "(us)", "", "(T,C)", "(us)", "(us)"
     );
-    for s in sums {
-        let t = |p: &str| s.median_us.get(p).copied().unwrap_or(0.0);
+    for s in &sums {
         let _ = writeln!(
             o,
-            "  {:<10} {:>6} {:>12.0} {:>12.0} {:>20} {:>11.0} {:>11.0} {:>11.0} {:>20} {:>20}  {}",
+            "  {:<10} {:>9.0} {:>9.0} {:>10.0} {:>18} {:>19} {:>9.0} {:>10.0} {:>18}",
             s.system,
-            s.rounds,
-            t("blocking"),
-            t("nonblocking"),
-            range_text(&s.nb_over_b),
-            t("compute"),
-            t("collective"),
-            t("overlapped"),
+            t(s, "collective"),
+            t(s, "compute"),
+            t(s, "overlapped"),
             range_text(&s.speedup),
             range_text(&s.over_max),
-            s.status
+            t(s, "idle"),
+            t(s, "idleoverlapped"),
+            range_text(&s.idle_speedup),
         );
     }
     o
@@ -736,6 +762,8 @@ mod tests {
                 ("collective", vec![10.0]),
                 ("compute", vec![10.0]),
                 ("overlapped", vec![16.0]),
+                ("idle", vec![10.0]),
+                ("idleoverlapped", vec![10.0]),
             ] {
                 m.parts.insert(p.into(), v);
             }
@@ -746,8 +774,9 @@ mod tests {
         assert_eq!((s[0].rounds, s[0].nb_over_b.clone()), (2, vec![0.8, 1.2]));
         assert_eq!(s[0].speedup, vec![1.25, 1.25]);
         assert_eq!(s[0].over_max, vec![1.6, 1.6]);
+        assert_eq!(s[0].idle_speedup, vec![2.0, 2.0]);
         let t = overlap_table(&ms, &["af_packet".into()], 8);
-        assert!(t.contains("batch of 8") && t.contains("0.80 [0.80-1.20]"), "{t}");
+        assert!(t.contains("Batch: 8 of them") && t.contains("0.80 [0.80-1.20]"), "{t}");
         // Overlap measurements stay out of the size table.
         assert!(summarize(&ms, 4).is_empty());
 

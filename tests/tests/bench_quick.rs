@@ -134,7 +134,9 @@ fn quick_bench_writes_every_output() {
         .find(|m| m["system"] == "af_packet" && m["collective"] == "overlap")
         .expect("overlap measurement");
     assert_eq!(overlap["status"], "ok", "{transcript}");
-    for part in ["blocking", "nonblocking", "collective", "compute", "overlapped"] {
+    for part in
+        ["blocking", "nonblocking", "collective", "compute", "overlapped", "idle", "idleoverlapped"]
+    {
         assert_eq!(overlap["parts"][part].as_array().map(Vec::len), Some(3), "{part}");
     }
     let summary = v["overlap"].as_array().expect("overlap summary");

@@ -17,7 +17,9 @@
 //!   (`collective`, C); a busy loop alone (`compute`, T), the same work on every rank,
 //!   calibrated to take about C (its rate measured at start-up while every rank runs it,
 //!   then rescaled by each warm-up repetition's C / T, all the slowest rank's); and the
-//!   busy loop while one non-blocking AllReduce runs (`overlapped`). Lines
+//!   busy loop while one non-blocking AllReduce runs (`overlapped`); then the same with
+//!   a sleep of the calibrated C instead of the busy loop (`idle`, `idleoverlapped`):
+//!   compute that leaves the host's CPUs free, as an accelerator's would. Lines
 //!   `#  part_us rank=R part=NAME: ...`.
 //!
 //! Inputs are the MPI reference's (bench/mpi/inc_mpi_bench.c): small integers (powers
@@ -278,14 +280,39 @@ fn slowest(comm: &mut Communicator, d: Duration) -> anyhow::Result<Duration> {
     Ok(Duration::from_nanos(max[0]))
 }
 
-/// One non-blocking AllReduce of `src` into `dst`, with `work` units of busy loop while
-/// it runs.
-fn one(comm: &mut Communicator, src: &[i32], dst: &mut [i32], work: u64) -> anyhow::Result<()> {
+/// What the caller does while a collective runs.
+#[derive(Debug, Clone, Copy)]
+enum Meanwhile {
+    /// Nothing (waits at once).
+    Nothing,
+    /// This many units of busy loop.
+    Spin(u64),
+    /// Sleeps this long: compute that needs no host CPU (an accelerator's).
+    Sleep(Duration),
+}
+
+impl Meanwhile {
+    fn run(self) {
+        match self {
+            Meanwhile::Nothing => {}
+            Meanwhile::Spin(units) => {
+                spin(units);
+            }
+            Meanwhile::Sleep(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+/// One non-blocking AllReduce of `src` into `dst`, doing `meanwhile` while it runs.
+fn one(
+    comm: &mut Communicator,
+    src: &[i32],
+    dst: &mut [i32],
+    meanwhile: Meanwhile,
+) -> anyhow::Result<()> {
     comm.scope(move |s| -> anyhow::Result<()> {
         let r = s.iallreduce(src, dst, ReduceOp::Sum)?;
-        if work > 0 {
-            spin(work);
-        }
+        meanwhile.run();
         Ok(r.wait()?)
     })
 }
@@ -320,7 +347,7 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
     for it in 0..a.warmup.max(3) {
         comm.barrier()?;
         let t = Instant::now();
-        one(comm, &src, &mut dsts[0], 0)?;
+        one(comm, &src, &mut dsts[0], Meanwhile::Nothing)?;
         c.push(t.elapsed());
         check(&mut dsts[..1], "calibration", it);
     }
@@ -340,12 +367,20 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
     let per_unit = slowest(comm, Duration::from_secs_f64(per_unit * 1e6))?.as_secs_f64() / 1e6;
     let mut work = ((c.as_secs_f64() / per_unit) as u64).max(1);
     comm.barrier()?;
-    let names = ["blocking", "nonblocking", "collective", "compute", "overlapped"];
+    let names = [
+        "blocking",
+        "nonblocking",
+        "collective",
+        "compute",
+        "overlapped",
+        "idle",
+        "idleoverlapped",
+    ];
     let mut parts: Vec<Part> = names.iter().map(|&name| Part { name, times: vec![] }).collect();
     let src_ref = &src;
     for it in 0..a.warmup + a.iters {
         let batches = if it % 2 == 0 { [0, 1] } else { [1, 0] };
-        let mut t = [Duration::ZERO; 5];
+        let mut t = [Duration::ZERO; 7];
         for b in batches {
             comm.barrier()?;
             let t0 = Instant::now();
@@ -371,7 +406,7 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
         }
         comm.barrier()?;
         let t0 = Instant::now();
-        one(comm, &src, &mut dsts[0], 0)?;
+        one(comm, &src, &mut dsts[0], Meanwhile::Nothing)?;
         t[2] = t0.elapsed();
         check(&mut dsts[..1], names[2], it);
         comm.barrier()?;
@@ -388,9 +423,19 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
         }
         comm.barrier()?;
         let t0 = Instant::now();
-        one(comm, &src, &mut dsts[0], work)?;
+        one(comm, &src, &mut dsts[0], Meanwhile::Spin(work))?;
         t[4] = t0.elapsed();
         check(&mut dsts[..1], names[4], it);
+        // The same with compute that leaves the host's CPUs free: a sleep of C.
+        comm.barrier()?;
+        let t0 = Instant::now();
+        Meanwhile::Sleep(c).run();
+        t[5] = t0.elapsed();
+        comm.barrier()?;
+        let t0 = Instant::now();
+        one(comm, &src, &mut dsts[0], Meanwhile::Sleep(c))?;
+        t[6] = t0.elapsed();
+        check(&mut dsts[..1], names[6], it);
         if it >= a.warmup {
             for (p, t) in parts.iter_mut().zip(t) {
                 p.times.push(t);
