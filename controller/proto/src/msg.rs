@@ -82,7 +82,8 @@ pub enum Message {
     /// First message of a switch connection. The switch reports the communicators it
     /// holds (`held`, the first of them if `more_held`: the rest follow in
     /// `report_held` messages, so no frame exceeds the request limit). The reply is
-    /// [`Message::Registered`] (or `ack` from a controller that predates it: then the
+    /// [`Message::Registered`], or `ack` when nothing was reported (what switches that
+    /// predate held reports expect) or from a controller that predates them (then the
     /// switch drops everything it held and the controller re-pushes what is live).
     RegisterSwitch {
         /// Topology switch id.

@@ -243,7 +243,11 @@ impl Core {
         info!(switch = %name, switch_id, %peer, held = held.len(), more_held, "switch registered");
         let deadline = self.now + self.cfg.hello_timeout;
         self.reporting.insert(switch_id, Reporting { conn, kept: BTreeSet::new(), deadline });
-        self.judge_held(conn, id, switch_id, held, more_held);
+        // A registration that reports nothing gets a plain `ack`, which switches that
+        // predate held reports expect (they drop everything and get it re-pushed); to a
+        // current switch it means the same as an empty verdict.
+        let plain = held.is_empty() && !more_held;
+        self.judge_held(conn, id, switch_id, held, more_held, plain);
     }
 
     /// The next part of a registering switch's held communicators.
@@ -259,7 +263,7 @@ impl Core {
             let reason = "report_held is only valid right after register_switch with more_held";
             return self.send(conn, id, Message::error(reason));
         }
-        self.judge_held(conn, id, switch_id, held, more);
+        self.judge_held(conn, id, switch_id, held, more, false);
     }
 
     /// Decide on held communicators and answer with the verdict; after the last part,
@@ -280,6 +284,7 @@ impl Core {
         switch_id: u32,
         held: Vec<HeldCommunicator>,
         more: bool,
+        plain_ack: bool,
     ) {
         let (mut owned, mut orphaned, mut dropped) = (Vec::new(), Vec::new(), Vec::new());
         for h in held {
@@ -309,7 +314,8 @@ impl Core {
             r.kept.extend(owned.iter().chain(&orphaned).copied());
             r.deadline = next;
         }
-        self.send(conn, id, Message::Registered { owned, orphaned });
+        let reply = if plain_ack { Message::Ack } else { Message::Registered { owned, orphaned } };
+        self.send(conn, id, reply);
         if !more {
             let kept = self.reporting.remove(&switch_id).map(|r| r.kept).unwrap_or_default();
             self.report_done(switch_id, &kept);
