@@ -18,9 +18,9 @@
 //!   calibrated to take about C (its rate measured at start-up while every rank runs it,
 //!   then rescaled by each warm-up repetition's C / T, all the slowest rank's); and the
 //!   busy loop while one non-blocking AllReduce runs (`overlapped`); then the same with
-//!   a sleep of the calibrated C instead of the busy loop (`idle`, `idleoverlapped`):
-//!   compute that leaves the host's CPUs free, as an accelerator's would. Lines
-//!   `#  part_us rank=R part=NAME: ...`.
+//!   a sleep of C (the last warm-up's) instead of the busy loop (`idle`,
+//!   `idleoverlapped`): compute that leaves the host's CPUs free, as an accelerator's
+//!   would. Lines `#  part_us rank=R part=NAME: ...`.
 //!
 //! Inputs are the MPI reference's (bench/mpi/inc_mpi_bench.c): small integers (powers
 //! of two for PROD), exact in every type and combining order; every element of every
@@ -366,6 +366,8 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
     // (as a duration: the slowest rank's time per million units)
     let per_unit = slowest(comm, Duration::from_secs_f64(per_unit * 1e6))?.as_secs_f64() / 1e6;
     let mut work = ((c.as_secs_f64() / per_unit) as u64).max(1);
+    // The sleep of the idle parts: C, updated like `work` by the warm-up.
+    let mut nap = c;
     comm.barrier()?;
     let names = [
         "blocking",
@@ -416,10 +418,11 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
         if it < a.warmup {
             // The rate measured alone rarely holds exactly: rescale to this warm-up's C,
             // both the slowest rank's, as the timed parts are.
-            let (c, t) = (slowest(comm, t[2])?, slowest(comm, t[3])?);
+            let (c_now, t) = (slowest(comm, t[2])?, slowest(comm, t[3])?);
             if !t.is_zero() {
-                work = ((work as f64 * c.as_secs_f64() / t.as_secs_f64()) as u64).max(1);
+                work = ((work as f64 * c_now.as_secs_f64() / t.as_secs_f64()) as u64).max(1);
             }
+            nap = c_now;
         }
         comm.barrier()?;
         let t0 = Instant::now();
@@ -429,11 +432,11 @@ fn overlap(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
         // The same with compute that leaves the host's CPUs free: a sleep of C.
         comm.barrier()?;
         let t0 = Instant::now();
-        Meanwhile::Sleep(c).run();
+        Meanwhile::Sleep(nap).run();
         t[5] = t0.elapsed();
         comm.barrier()?;
         let t0 = Instant::now();
-        one(comm, &src, &mut dsts[0], Meanwhile::Sleep(c))?;
+        one(comm, &src, &mut dsts[0], Meanwhile::Sleep(nap))?;
         t[6] = t0.elapsed();
         check(&mut dsts[..1], names[6], it);
         if it >= a.warmup {
