@@ -10,8 +10,9 @@ the final full parameters, median step time, ``inccl.torch.stats()``, ``--save``
 Parameters are sharded across the ranks: each forward and backward all-gathers them
 (``all_gather_into_tensor``) and the gradients are reduce-scattered
 (``reduce_scatter_tensor``); ``stats()`` shows which of those went through the
-switches and which (if any) fell back to gloo. If ``fully_shard`` is missing (torch
-older than 2.6), the FSDP1 wrapper is used.
+switches and which (if any) fell back to gloo. ``--fsdp 1`` uses the FSDP1 wrapper
+(also the fallback when ``fully_shard`` is missing, torch older than 2.6). FSDP2 with
+inccl needs a workaround for torch 2.15 here (_name_python_group).
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ import torch.distributed as dist
 from ddp_train import accuracy, flat_params, init, load, model, parse, report, train
 
 
+def _name_python_group() -> None:
+    """Workaround (torch 2.15): a Python ProcessGroup (inccl's) has no C++ backend to
+    hold the name init_process_group gives it, so ``group_name`` raises "ProcessGroup
+    name not set" and DeviceMesh (FSDP2) fails. Give the class a ``group_name`` that
+    returns the name c10d registered. FSDP2's own collectives then run through the
+    group's Python methods; functional collectives (DTensor.full_tensor()) still find no
+    C++ backend for cpu, so full_params() gathers with all_gather_into_tensor itself."""
+    pg = dist.group.WORLD
+    try:
+        pg.group_name
+    except RuntimeError:
+        name = dist.distributed_c10d._world.pg_names[pg]
+        type(pg).group_name = property(lambda self: name)
+
+
 def shard(net, world: int, want: str):
     why = "--fsdp 1"
     if want == "2":
@@ -31,11 +47,9 @@ def shard(net, world: int, want: str):
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
+            _name_python_group()
             mesh = init_device_mesh("cpu", (world,))
-        except (ImportError, RuntimeError) as e:
-            # torch < 2.6 has no fully_shard; a Python ProcessGroup (inccl's) has no
-            # C++ backend to carry its group name, so DeviceMesh raises "ProcessGroup
-            # name not set" (torch 2.15).
+        except (ImportError, RuntimeError) as e:  # torch < 2.6 has no fully_shard
             why = f"FSDP2 unavailable: {type(e).__name__}: {e}"
         else:
             for layer in net:
@@ -56,8 +70,21 @@ def full_params(net, kind: str):
 
         with FullyShardedDataParallel.summon_full_params(net):
             return flat_params([(n, p.detach().clone()) for n, p in net.named_parameters()])
-    # FSDP2: DTensor shards; full_tensor() all-gathers each.
-    return flat_params([(n, p.full_tensor()) for n, p in net.named_parameters()])
+    return flat_params([(n, _gather(p)) for n, p in net.named_parameters()])
+
+
+def _gather(p: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 parameter (a DTensor sharded on dim 0 as torch.chunk splits it), whole:
+    each rank's shard padded to the largest, all_gather_into_tensor, trimmed."""
+    world = dist.get_world_size()
+    local = p.to_local().detach()
+    rows = p.shape[0]
+    chunk = -(-rows // world)
+    padded = torch.zeros((chunk,) + tuple(p.shape[1:]), dtype=local.dtype)
+    padded[:local.shape[0]] = local
+    whole = torch.empty((chunk * world,) + tuple(p.shape[1:]), dtype=local.dtype)
+    dist.all_gather_into_tensor(whole, padded)
+    return whole[:rows]
 
 
 def main() -> int:
