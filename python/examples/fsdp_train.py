@@ -11,8 +11,9 @@ Parameters are sharded across the ranks: each forward and backward all-gathers t
 (``all_gather_into_tensor``) and the gradients are reduce-scattered
 (``reduce_scatter_tensor``); ``stats()`` shows which of those went through the
 switches and which (if any) fell back to gloo. ``--fsdp 1`` uses the FSDP1 wrapper
-(also the fallback when ``fully_shard`` is missing, torch older than 2.6). FSDP2 with
-inccl needs a workaround for torch 2.15 here (_name_python_group).
+(also the fallback when ``fully_shard`` is missing, torch older than 2.6).
+``DTensor.full_tensor()`` (functional collectives) finds no C++ backend in a Python
+process group, so the final parameters are gathered with ``all_gather_into_tensor``.
 """
 
 from __future__ import annotations
@@ -25,21 +26,6 @@ import torch.distributed as dist
 from ddp_train import accuracy, flat_params, init, load, model, parse, report, train
 
 
-def _name_python_group() -> None:
-    """Workaround (torch 2.15): a Python ProcessGroup (inccl's) has no C++ backend to
-    hold the name init_process_group gives it, so ``group_name`` raises "ProcessGroup
-    name not set" and DeviceMesh (FSDP2) fails. Give the class a ``group_name`` that
-    returns the name c10d registered. FSDP2's own collectives then run through the
-    group's Python methods; functional collectives (DTensor.full_tensor()) still find no
-    C++ backend for cpu, so full_params() gathers with all_gather_into_tensor itself."""
-    pg = dist.group.WORLD
-    try:
-        pg.group_name
-    except RuntimeError:
-        name = dist.distributed_c10d._world.pg_names[pg]
-        type(pg).group_name = property(lambda self: name)
-
-
 def shard(net, world: int, want: str):
     why = "--fsdp 1"
     if want == "2":
@@ -47,7 +33,6 @@ def shard(net, world: int, want: str):
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            _name_python_group()
             mesh = init_device_mesh("cpu", (world,))
         except (ImportError, RuntimeError) as e:  # torch < 2.6 has no fully_shard
             why = f"FSDP2 unavailable: {type(e).__name__}: {e}"

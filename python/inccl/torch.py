@@ -301,6 +301,20 @@ class ProcessGroupINCCL(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND
 
+    # A Python group has no C++ backend to keep the name and description
+    # init_process_group gives it; DeviceMesh (FSDP2) reads them.
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return getattr(self, "_group_name", "")
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return getattr(self, "_group_desc", "")
+
     def __repr__(self) -> str:
         return f"ProcessGroupINCCL(rank={self._rank}, size={self._size})"
 
