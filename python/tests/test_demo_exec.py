@@ -145,8 +145,8 @@ def test_ddp_train_inccl_matches_gloo(tmp_path):
 
 
 def test_fsdp2_train_inccl_matches_gloo(tmp_path):
-    # FSDP2 (fully_shard) per layer; with inccl it needs fsdp_train.py's group-name
-    # workaround for torch 2.15 (_name_python_group).
+    # FSDP2 (fully_shard) per layer: DeviceMesh needs the group's name (inccl.torch
+    # keeps it).
     inc = _train("fsdp_train.py", "inccl", tmp_path / "inccl.npy", "--fsdp 2 --epochs 4")
     gloo = _train("fsdp_train.py", "gloo", tmp_path / "gloo.npy", "--fsdp 2 --epochs 4")
     for run in (inc, gloo):
