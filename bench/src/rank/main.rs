@@ -245,8 +245,10 @@ fn blocked(comm: &mut Communicator, a: &Args) -> anyhow::Result<Outcome> {
             (inputs(dtype, op, 0, whole, comm.rank()), expected(dtype, op, rank * n, n, world))
         }
         _ => {
-            let want: Vec<u8> =
-                (0..world).flat_map(|r| inputs(dtype, op, u64::from(r) * n, n, r)).collect();
+            let mut want = Vec::with_capacity((whole * s as u64) as usize);
+            for r in 0..world {
+                want.extend_from_slice(&inputs(dtype, op, u64::from(r) * n, n, r));
+            }
             (inputs(dtype, op, rank * n, n, comm.rank()), want)
         }
     };
