@@ -351,7 +351,7 @@ impl PyComm {
     {
         let r = py.detach(|| match lock(&self.inner).as_mut() {
             Some(c) => f(c),
-            None => Err(inccl::Error::Unusable("communicator", "it was destroyed".into())),
+            None => Err(destroyed_communicator()),
         });
         if let Err(sig) = py.check_signals() {
             if let Err(e) = r {
@@ -572,9 +572,7 @@ impl PyComm {
         check_op(op, dt)?;
         let src = s.as_ref().filter(|s| s.addr() != r.addr()).map(Buffer::bytes);
         let guard = lock(&self.inner);
-        let comm = guard.as_ref().ok_or_else(|| {
-            errors::to_py(py, inccl::Error::Unusable("communicator", "it was destroyed".into()))
-        })?;
+        let comm = guard.as_ref().ok_or_else(|| errors::to_py(py, destroyed_communicator()))?;
         // Safety: the request owns both buffer views (so the exporters keep the memory)
         // until it completed: its Wait or Drop waits for the collective.
         let req = unsafe { comm.iallreduce_bytes_unscoped(src, r.bytes_mut(), dt, op) }
@@ -690,6 +688,11 @@ impl Drop for PyRequest {
             drop((send, recv));
         }
     }
+}
+
+/// The error of a call on a communicator after `destroy()`.
+fn destroyed_communicator() -> inccl::Error {
+    inccl::Error::Unusable("communicator", "it was destroyed".into())
 }
 
 /// `__exit__`'s answer after destroying: the destroy's error only if the `with` block
