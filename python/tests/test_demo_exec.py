@@ -25,6 +25,22 @@ def _namespaces(prefix: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.startswith(prefix + "-")]
 
 
+def _demo_exec(bin_dir: Path, command: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`scripts/demo --exec COMMAND` on 1-2-4 with the binaries in `bin_dir`; returns the
+    run and the namespaces it left behind."""
+    prefix = f"py{os.getpid() % 100000}"
+    # The e2e suites' lock: one demo at a time on this small machine.
+    cmd = ["flock", "-w", "300", "/tmp/inc-e2e.lock", str(ROOT / "scripts" / "demo"),
+           "--no-build", "--prefix", prefix, "topologies/1-2-4.yaml", "--exec", command]
+    env = dict(os.environ, INC_BIN_DIR=str(bin_dir))
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
+    finally:
+        left = _namespaces(prefix)
+    return run, left
+
+
 def test_allreduce_example_through_demo_exec():
     if os.geteuid() != 0:
         if os.environ.get("CI") == "true":
@@ -34,18 +50,8 @@ def test_allreduce_example_through_demo_exec():
     for b in ("inc-switch", "inc-controller"):
         if not (bin_dir / b).exists():
             pytest.fail(f"{bin_dir / b} not found: scripts/python-test builds it")
-    prefix = f"py{os.getpid() % 100000}"
     example = ROOT / "python" / "examples" / "allreduce.py"
-    # The e2e suites' lock: one demo at a time on this small machine.
-    cmd = ["flock", "-w", "300", "/tmp/inc-e2e.lock", str(ROOT / "scripts" / "demo"),
-           "--no-build", "--prefix", prefix, "topologies/1-2-4.yaml",
-           "--exec", f"{sys.executable} {example} --count 30001"]
-    env = dict(os.environ, INC_BIN_DIR=str(bin_dir))
-    try:
-        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600)
-    finally:
-        left = _namespaces(prefix)
+    run, left = _demo_exec(bin_dir, f"{sys.executable} {example} --count 30001")
     transcript = f"{run.stdout}\n--- stderr\n{run.stderr}"
     assert run.returncode == 0, transcript
     assert "ALL 4 RANKS PASS" in run.stdout, transcript
@@ -89,17 +95,9 @@ def _train(script: str, backend: str, save: Path, extra: str = "") -> dict:
     """Runs python/examples/<script> as 4 ranks on 1-2-4; returns what the ranks printed."""
     bin_dir = Path(os.environ.get("INC_BIN_DIR") or ROOT / "target" / "release")
     _needs_root_and_sklearn(bin_dir)
-    prefix = f"py{os.getpid() % 100000}"
     example = ROOT / "python" / "examples" / script
-    cmd = ["flock", "-w", "300", "/tmp/inc-e2e.lock", str(ROOT / "scripts" / "demo"),
-           "--no-build", "--prefix", prefix, "topologies/1-2-4.yaml",
-           "--exec", f"{sys.executable} {example} --backend {backend} --save {save} {extra}"]
-    env = dict(os.environ, INC_BIN_DIR=str(bin_dir))
-    try:
-        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600)
-    finally:
-        left = _namespaces(prefix)
+    run, left = _demo_exec(
+        bin_dir, f"{sys.executable} {example} --backend {backend} --save {save} {extra}")
     out = run.stdout
     transcript = f"{out}\n--- stderr\n{run.stderr}"
     assert run.returncode == 0, transcript
