@@ -473,6 +473,21 @@ impl Deployment {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Panics naming every rank of `out` that did not pass, with its output and the
+    /// processes' logs; `what` names the run.
+    pub fn assert_all_pass(&self, what: &str, out: &[HostOutcome]) {
+        for o in out {
+            assert!(
+                o.passed(),
+                "{what}: rank {} did not pass (status {:?}):\n{}\n{}",
+                o.rank,
+                o.status,
+                o.output,
+                self.logs()
+            );
+        }
+    }
+
     /// Every log of this deployment, for failure messages.
     pub fn logs(&self) -> String {
         let mut s = String::new();

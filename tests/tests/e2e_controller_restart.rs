@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use inc_controller::Credentials;
-use inc_tests::deploy::{Deployment, HostOutcome};
+use inc_tests::deploy::Deployment;
 use inc_tests::netns::{assert_clean, repo_root, skip_reason, unique_prefix};
 use serde_json::Value;
 
@@ -48,19 +48,6 @@ fn iters() -> String {
 
 fn names(d: &Deployment) -> Vec<String> {
     d.plan.switches.iter().map(|s| s.name.clone()).collect()
-}
-
-fn assert_all_pass(d: &Deployment, what: &str, out: &[HostOutcome]) {
-    for o in out {
-        assert!(
-            o.passed(),
-            "{what}: rank {} did not pass (status {:?}):\n{}\n{}",
-            o.rank,
-            o.status,
-            o.output,
-            d.logs()
-        );
-    }
 }
 
 /// Communicators held and slot memory of every switch.
@@ -150,7 +137,7 @@ fn controller_killed_mid_allreduce_and_restarted() {
     let still_running = run.running();
     let out = run.wait(Duration::from_secs(180));
     let done = Instant::now();
-    assert_all_pass(&d, "AllReduce across a controller restart", &out);
+    d.assert_all_pass("AllReduce across a controller restart", &out);
     let cleaned = wait_for(Duration::from_secs(ORPHAN_S + 5), || idle(&d))
         .unwrap_or_else(|| panic!("switches still hold {:?}\n{}", held(&d), d.logs()));
     let cleanup = cleaned.duration_since(done);
@@ -165,7 +152,7 @@ fn controller_killed_mid_allreduce_and_restarted() {
     }
     // A new group and communicator on the same switches.
     let run = d.start_hosts(1, "inccl-allreduce", 1 << 16, &["--iters", "3"], &HOST_ENV);
-    assert_all_pass(&d, "new job after the restart", &run.wait(Duration::from_secs(60)));
+    d.assert_all_pass("new job after the restart", &run.wait(Duration::from_secs(60)));
     let back = wait_for(Duration::from_secs(10), || idle(&d));
     assert!(back.is_some(), "slot memory not back to idle: {:?}", held(&d));
     println!(
@@ -200,7 +187,7 @@ fn communicators_destroyed_while_the_controller_is_down_are_freed() {
     assert!(d.kill_controller().is_some());
     let out = run.wait(Duration::from_secs(180));
     let done = Instant::now();
-    assert_all_pass(&d, "AllReduce with the controller gone", &out);
+    d.assert_all_pass("AllReduce with the controller gone", &out);
     assert!(
         out[0].output.contains("could not be told")
             && out[0].output.contains("group destroyed locally"),
@@ -319,7 +306,7 @@ fn a_controller_with_another_topology_or_token_is_refused() {
     // The right files again: every switch back, a job passes.
     let rereg = restart_controller(&mut d, Duration::ZERO);
     let run = d.start_hosts(0, "inccl-allreduce", 1 << 16, &["--iters", "3"], &HOST_ENV);
-    assert_all_pass(&d, "job after the refusals", &run.wait(Duration::from_secs(60)));
+    d.assert_all_pass("job after the refusals", &run.wait(Duration::from_secs(60)));
     println!(
         "restarted with another topology: refused (all switches logged it) within {}; with \
          another token: within {}; with the right files: re-registered in {}; test took {}",

@@ -40,19 +40,6 @@ fn can_run(tag: &str, tools: &[&str]) -> bool {
     }
 }
 
-fn assert_all_pass(d: &Deployment, what: &str, out: &[HostOutcome]) {
-    for o in out {
-        assert!(
-            o.passed(),
-            "{what}: rank {} did not pass (status {:?}):\n{}\n{}",
-            o.rank,
-            o.status,
-            o.output,
-            d.logs()
-        );
-    }
-}
-
 fn switch_names(d: &Deployment) -> Vec<String> {
     d.plan.switches.iter().map(|s| s.name.clone()).collect()
 }
@@ -103,7 +90,7 @@ fn lossy_links_keep_collectives_exact() {
             args.extend(["--iters", iters_arg.as_str()]);
             let run = d.start_hosts(ci as u16, program, COUNT_16M, &args, &[]);
             let out = run.wait(Duration::from_secs(180));
-            assert_all_pass(&d, &format!("{name} with loss {level}"), &out);
+            d.assert_all_pass(&format!("{name} with loss {level}"), &out);
             let slowest = out.iter().filter_map(HostOutcome::time_us).fold(0.0, f64::max);
             assert!(slowest > 0.0, "no time reported for {name}");
             row.push(slowest / 1000.0);
@@ -182,7 +169,7 @@ fn loss_on_one_yaml_link_drops_on_that_link_only() {
     {
         let out =
             d.start_hosts(ci as u16, program, COUNT_16M, extra, &[]).wait(Duration::from_secs(180));
-        assert_all_pass(&d, &format!("{program} with loss on root -- leaf1"), &out);
+        d.assert_all_pass(&format!("{program} with loss on root -- leaf1"), &out);
     }
     let ports = emu_ports(&d);
     println!("\nloss=2% on link root:d1 -- leaf1:up only (from the topology), lost/offered:");
@@ -244,7 +231,7 @@ fn firewall_drops_on_host_output_are_recovered() {
     let t0 = Instant::now();
     let out =
         d.start_hosts(0, "inccl-allreduce", COUNT_16M, &[], &[]).wait(Duration::from_secs(180));
-    assert_all_pass(&d, "allreduce with 2% of host output dropped", &out);
+    d.assert_all_pass("allreduce with 2% of host output dropped", &out);
     let dropped: Vec<u64> = hosts.iter().map(|ns| nft_dropped(&d, ns, table)).collect();
     println!(
         "nftables dropped {dropped:?} datagrams on the hosts' output (EPERM); AllReduce of \
@@ -379,7 +366,7 @@ fn garbage_into_a_running_switch_is_dropped_and_counted() {
     );
 
     let out = run.wait(Duration::from_secs(180));
-    assert_all_pass(&d, "allreduce under garbage", &out);
+    d.assert_all_pass("allreduce under garbage", &out);
     std::thread::sleep(Duration::from_millis(300));
     let sniffed: Vec<Sniffed> = sniffers.into_iter().map(Sniffer::stop).collect();
     let after = d.stats(&leaf);
@@ -487,7 +474,7 @@ fn a_killed_switch_gives_bounded_errors_and_a_restart_recovers() {
     d.start_switch(&victim);
     d.wait_registered(&victim);
     let out = d.start_hosts(1, "inccl-allreduce", 1 << 20, &[], &[]).wait(Duration::from_secs(120));
-    assert_all_pass(&d, "allreduce after the switch restarted", &out);
+    d.assert_all_pass("allreduce after the switch restarted", &out);
     println!("after restarting {victim}: a new communicator passes");
     drop(d);
     assert_clean(&prefix);
