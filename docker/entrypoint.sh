@@ -5,8 +5,11 @@
 # INC_ROLE        controller | switch | host (set by the image)
 # INC_IFACES      space-separated LOCATOR=NAME,MAC,ADDR, written by
 #                 `inc-controller export`:
-#                   LOCATOR  the IPv4 address Docker gave the interface (compose), or
-#                            the interface's name (containerlab names it already)
+#                   LOCATOR  the IPv4 address Docker gave the interface (compose),
+#                            the subnet SUBNET/PREFIX of the network Docker picked
+#                            the address from (swarm: stack deploy ignores fixed
+#                            addresses), or the interface's name (containerlab names
+#                            it already)
 #                   NAME     final name: a switch port's name, a host's data interface,
 #                            mgmt0
 #                   MAC      MAC to set, or - to keep Docker's
@@ -32,12 +35,25 @@ case "$ROLE" in controller|switch|host) ;; *) die "INC_ROLE must be controller, 
 WAIT="${INC_IFACE_WAIT:-30}"
 
 is_ipv4() { [[ "$1" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; }
+is_cidr() { [[ "$1" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+/[0-9]+$ ]]; }
+ip2int() { local IFS=.; set -- $1; echo $((($1 << 24) + ($2 << 16) + ($3 << 8) + $4)); }
 
 # Current name of the interface LOCATOR points at (empty if not there yet).
 find_iface() {
     local loc="$1"
     if is_ipv4 "$loc"; then
         ip -o -4 addr show | awk -v a="$loc" '{split($4, p, "/"); if (p[1] == a) {print $2; exit}}'
+    elif is_cidr "$loc"; then
+        # The interface with an address inside the subnet; two would be a broken export.
+        local net mask dev addr found=""
+        mask=$(((0xffffffff << (32 - ${loc#*/})) & 0xffffffff))
+        net=$(($(ip2int "${loc%/*}") & mask))
+        while read -r _ dev _ addr _; do
+            [ $(($(ip2int "${addr%/*}") & mask)) = "$net" ] || continue
+            [ -z "$found" ] || die "interfaces $found and $dev both have an address in $loc"
+            found="$dev"
+        done < <(ip -o -4 addr show)
+        echo "$found"
     elif [ -e "/sys/class/net/$loc" ]; then
         echo "$loc"
     fi

@@ -174,6 +174,23 @@ enum ExportTarget {
         #[command(flatten)]
         common: ExportArgs,
     },
+    /// Docker Swarm stack (`docker stack deploy`): one internal overlay network per link,
+    /// services placed by the node label inc-node. --output is a directory: the stack
+    /// file is DIR/stack.yaml, the credentials DIR/secrets.
+    Swarm {
+        #[command(flatten)]
+        common: ExportArgs,
+        /// Carrier pool for the overlay networks' subnets.
+        #[arg(long, default_value = "198.19.0.0/22")]
+        carrier: String,
+        /// Run element NAME (switch, host or ctrl) on the nodes labelled inc-node=NODE;
+        /// repeatable. A host not placed itself runs on its edge switch's node.
+        #[arg(long, value_name = "NAME=NODE")]
+        place: Vec<String>,
+        /// File of NAME=NODE lines (# comments), as --place.
+        #[arg(long)]
+        place_file: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -207,9 +224,10 @@ struct ExportArgs {
 }
 
 fn export(target: ExportTarget) -> Result<()> {
-    use inc_controller::export::{compose, containerlab, ExportOptions, Images};
-    let (ExportTarget::Compose { common: a, .. } | ExportTarget::Containerlab { common: a }) =
-        &target;
+    use inc_controller::export::{compose, containerlab, swarm, ExportOptions, Images};
+    let (ExportTarget::Compose { common: a, .. }
+    | ExportTarget::Containerlab { common: a }
+    | ExportTarget::Swarm { common: a, .. }) = &target;
     let t = Topology::load(&a.topology).map_err(|e| anyhow::anyhow!("{e}"))?;
     let topology_path = match &a.topology_path {
         Some(p) => p.clone(),
@@ -218,7 +236,15 @@ fn export(target: ExportTarget) -> Result<()> {
             .display()
             .to_string(),
     };
-    let secrets_dir = match (&a.secrets_dir, &a.output) {
+    // swarm: --output is a directory holding the stack file and the secrets.
+    let output = match (&target, &a.output) {
+        (ExportTarget::Swarm { .. }, Some(dir)) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            Some(dir.join("stack.yaml"))
+        }
+        (_, out) => out.clone(),
+    };
+    let secrets_dir = match (&a.secrets_dir, &output) {
         (Some(d), _) => d.clone(),
         (None, Some(out)) => out.parent().unwrap_or(Path::new("")).join("secrets"),
         (None, None) => PathBuf::from("secrets"),
@@ -241,8 +267,21 @@ fn export(target: ExportTarget) -> Result<()> {
             compose::render(&t, &opts, pool)?
         }
         ExportTarget::Containerlab { .. } => containerlab::render(&t, &opts)?,
+        ExportTarget::Swarm { carrier, place, place_file, .. } => {
+            let pool = parse_cidr(carrier).with_context(|| format!("--carrier {carrier}"))?;
+            let mut placement = swarm::Placement::new();
+            if let Some(f) = place_file {
+                let text = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading {}", f.display()))?;
+                placement.add_file(&t, &text, &f.display().to_string())?;
+            }
+            for p in place {
+                placement.add(&t, p, "--place")?;
+            }
+            swarm::render(&t, &opts, pool, &placement)?
+        }
     };
-    match &a.output {
+    match &output {
         Some(path) => {
             std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
         }

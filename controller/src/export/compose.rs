@@ -77,6 +77,7 @@ fn allocate(t: &Topology, pool: (Ipv4Addr, u8), links: usize) -> Result<Carrier,
             topology: t.name.clone(),
             mgmt_prefix,
             links,
+            link_block: LINK_BLOCK,
         });
     }
     let hosts = (1..=elements as u32).map(|i| add(base, i)).collect();
@@ -240,7 +241,7 @@ pub fn render(
 }
 
 /// `repo/role:TAG` becomes `repo/role:${INC_IMAGE_TAG:-TAG}`, so a run picks its images.
-fn with_tag_variable(image: &str) -> String {
+pub(crate) fn with_tag_variable(image: &str) -> String {
     match image.rsplit_once(':') {
         Some((repo, tag)) if !tag.contains('/') => format!("{repo}:${{INC_IMAGE_TAG:-{tag}}}"),
         _ => image.to_string(),

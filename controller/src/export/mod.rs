@@ -1,5 +1,6 @@
 //! Container deployments generated from a topology: a Docker Compose file
-//! ([`compose`]) and a containerlab topology ([`containerlab`]).
+//! ([`compose`]), a Docker Swarm stack file ([`swarm`]) and a containerlab topology
+//! ([`containerlab`]).
 //!
 //! Both describe the same containers, built from the images in `docker/`: the
 //! controller, one container per switch and one per host. Every container starts with
@@ -15,6 +16,7 @@
 
 pub mod compose;
 pub mod containerlab;
+pub mod swarm;
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
@@ -141,7 +143,7 @@ pub enum ExportError {
     /// The carrier pool is too small for this topology.
     #[error(
         "carrier pool {pool} has {have} addresses, topology `{topology}` needs {need} \
-         (management /{mgmt_prefix} plus {links} links of 8): give a larger --carrier"
+         (management /{mgmt_prefix} plus {links} links of {link_block}): give a larger --carrier"
     )]
     CarrierTooSmall {
         /// The pool.
@@ -156,6 +158,8 @@ pub enum ExportError {
         mgmt_prefix: u8,
         /// Data links (switch-switch and host-switch).
         links: usize,
+        /// Addresses per link subnet.
+        link_block: u32,
     },
     /// The carrier pool is not a network address (host bits set).
     #[error("carrier pool {0} is not a network address (host bits are set)")]
@@ -163,6 +167,25 @@ pub enum ExportError {
     /// A switch backend this export does not know the container needs of.
     #[error("unknown switch backend `{0}` (af_packet, pcap, af_xdp or dpdk)")]
     UnknownBackend(String),
+    /// A placement (`--place NAME=NODE`, or a line of a placement file) that cannot be
+    /// used.
+    #[error("{origin}: placement `{spec}`: {reason}")]
+    BadPlacement {
+        /// Where it came from: `--place` or `FILE:LINE`.
+        origin: String,
+        /// The placement as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Something the target cannot express.
+    #[error("export {target}: {what} is not supported")]
+    Unsupported {
+        /// The export target.
+        target: &'static str,
+        /// What it cannot do.
+        what: String,
+    },
 }
 
 /// Linux capabilities a switch container needs for `backend`, beyond Docker's default.
