@@ -1,9 +1,15 @@
 //! Rule compiler: topology + communicator -> per-switch rules and per-rank endpoints.
 //!
-//! Pure code: no I/O. The [`Allocator`] carries switch resources (QPNs, slots, slot
-//! memory) across communicators so that several communicators share switches without
-//! colliding or exceeding a switch's limits; a communicator's resources are released
-//! with [`Allocator::release`].
+//! Pure code: no I/O. The [`Allocator`] carries switch resources (QPNs, slots, switch
+//! memory, and each host's share of it) across communicators so that several
+//! communicators share switches without colliding or exceeding a switch's limits; a
+//! communicator's resources are released with [`Allocator::release`].
+//!
+//! Switch memory is everything a communicator may allocate in a switch, counted by
+//! [`CommMemory`]: its slot pool and the send queue of every connection at its fullest.
+//! It is charged against the switch's `max_slot_memory` and, for the host of rank 0
+//! (the host that asks for the communicator), against that host's share
+//! `max_host_memory` of the switch.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -16,7 +22,7 @@ use inc_ctrl_proto::{
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use inc_topology::{Switch, Topology};
+use inc_topology::{CommMemory, Switch, Topology};
 
 /// First switch-side QPN tried on a fresh switch (QPN 0 and 1 are special in IB).
 const FIRST_QPN: u32 = 0x100;
@@ -122,6 +128,35 @@ struct SwitchAlloc {
     next: u32,
     slots: u64,
     slot_memory: u64,
+    /// Switch memory charged to each host (topology index) as rank 0.
+    by_host: HashMap<usize, u64>,
+}
+
+impl SwitchAlloc {
+    fn take(&mut self, slots: u64, memory: u64, host: Option<usize>) {
+        self.slots += slots;
+        self.slot_memory += memory;
+        if let Some(h) = host {
+            *self.by_host.entry(h).or_default() += memory;
+        }
+    }
+
+    fn give_back(&mut self, slots: u64, memory: u64, host: Option<usize>) {
+        self.slots -= slots;
+        self.slot_memory -= memory;
+        if let Some(h) = host {
+            if let Some(m) = self.by_host.get_mut(&h) {
+                *m -= memory;
+                if *m == 0 {
+                    self.by_host.remove(&h);
+                }
+            }
+        }
+    }
+
+    fn host_memory(&self, host: usize) -> u64 {
+        self.by_host.get(&host).copied().unwrap_or(0)
+    }
 }
 
 /// What a communicator holds on one switch.
@@ -131,6 +166,8 @@ struct Holding {
     qpns: Vec<u32>,
     slots: u64,
     slot_memory: u64,
+    /// The host charged (rank 0's), if known.
+    host: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -143,8 +180,8 @@ struct CommAlloc {
 enum Taken {
     /// A QPN, and the switch's probe position before it.
     Qpn { switch_id: u32, qpn: u32, next: u32 },
-    /// Slots and slot memory.
-    Slots { switch_id: u32, slots: u64, memory: u64 },
+    /// Slots and switch memory, charged to a host.
+    Slots { switch_id: u32, slots: u64, memory: u64, host: Option<usize> },
 }
 
 /// Switch resources held by live communicators.
@@ -181,14 +218,16 @@ impl Allocator {
         Err(CompileError::QpnExhausted(name.to_string()))
     }
 
-    /// Check a switch's limits for a communicator needing `slots` slots of `mtu`
-    /// bytes for `fan_in` children, then take them.
+    /// Check a switch's limits for a communicator with `connections` connections on
+    /// it, asked for by `host` (rank 0's, a topology index), then take its slots and
+    /// switch memory.
     fn alloc_slots(
         &mut self,
+        topo: &Topology,
         sw: &Switch,
-        window: u32,
-        mtu: u16,
-        fan_in: usize,
+        (window, mtu): (u32, u16),
+        connections: usize,
+        host: usize,
     ) -> Result<(u64, u64), CompileError> {
         let limit = |asked: String, limit: String| CompileError::Limit {
             switch: sw.name.clone(),
@@ -203,8 +242,7 @@ impl Allocator {
         }
         let sa = self.switches.entry(sw.id).or_default();
         let slots = 2 * u64::from(window);
-        // The switch allocates at most one mtu-sized buffer per child per slot.
-        let memory = slots * u64::from(mtu) * fan_in.max(1) as u64;
+        let memory = CommMemory::new(mtu, window, slots, connections);
         let free_slots = u64::from(sw.max_slots).saturating_sub(sa.slots);
         if slots > free_slots {
             return Err(limit(
@@ -212,18 +250,28 @@ impl Allocator {
                 format!("{free_slots} of max_slots {} free", sw.max_slots),
             ));
         }
+        let asked =
+            || format!("{memory} for window {window}, mtu {mtu} and {connections} connection(s)");
         let free_memory = sw.max_slot_memory.saturating_sub(sa.slot_memory);
-        if memory > free_memory {
+        if memory.total() > free_memory {
             return Err(limit(
-                format!(
-                    "{memory} bytes of slot buffers ({slots} slots x mtu {mtu} x fan-in {fan_in})"
-                ),
+                asked(),
                 format!("{free_memory} of max_slot_memory {} free", sw.max_slot_memory),
             ));
         }
-        sa.slots += slots;
-        sa.slot_memory += memory;
-        self.journal.push(Taken::Slots { switch_id: sw.id, slots, memory });
+        let free_share = sw.max_host_memory.saturating_sub(sa.host_memory(host));
+        if memory.total() > free_share {
+            return Err(limit(
+                asked(),
+                format!(
+                    "{free_share} of host {}'s share max_host_memory {} free",
+                    topo.hosts[host].name, sw.max_host_memory
+                ),
+            ));
+        }
+        let memory = memory.total();
+        sa.take(slots, memory, Some(host));
+        self.journal.push(Taken::Slots { switch_id: sw.id, slots, memory, host: Some(host) });
         Ok((slots, memory))
     }
 
@@ -236,10 +284,9 @@ impl Allocator {
                     sa.used.remove(&qpn);
                     sa.next = next;
                 }
-                Taken::Slots { switch_id, slots, memory } => {
+                Taken::Slots { switch_id, slots, memory, host } => {
                     let sa = self.switches.get_mut(&switch_id).expect("allocated");
-                    sa.slots -= slots;
-                    sa.slot_memory -= memory;
+                    sa.give_back(slots, memory, host);
                 }
             }
         }
@@ -253,15 +300,16 @@ impl Allocator {
                 for q in h.qpns {
                     sa.used.remove(&q);
                 }
-                sa.slots -= h.slots;
-                sa.slot_memory -= h.slot_memory;
+                sa.give_back(h.slots, h.slot_memory, h.host);
             }
         }
     }
 
     /// Account for what a communicator created by an earlier controller holds on one
-    /// switch, from the rules that switch reports: its QPNs, slots and slot memory
-    /// (slots x mtu x fan-in, as [`compile`] counts it). Refused, with nothing taken,
+    /// switch, from the rules that switch reports: its QPNs, slots and switch memory
+    /// ([`CommMemory`], as [`compile`] counts it; charged to rank 0's host when its
+    /// connection is on this switch, the only host the rules name for sure: the
+    /// share is not checked, what a switch holds is kept). Refused, with nothing taken,
     /// when the rules do not fit the topology (unknown switch or port, another port
     /// address), use a QPN that is taken, exceed the switch's limits, or when this
     /// communicator already holds a part on the switch.
@@ -299,19 +347,23 @@ impl Allocator {
             qpns.push(q);
         }
         let slots = u64::from(rules.slots);
-        let memory = slots * u64::from(rules.mtu) * rules.fan_in().max(1) as u64;
+        let memory = CommMemory::of_rules(rules).total();
         if sa.slots + slots > u64::from(sw.max_slots)
             || sa.slot_memory + memory > sw.max_slot_memory
         {
             return Err(format!(
-                "{slots} slots / {memory} bytes of slot buffers exceed what switch {} has free",
-                sw.name
+                "{slots} slots / {memory} bytes of switch memory exceed what switch {} has free (max_slots {}, max_slot_memory {})",
+                sw.name, sw.max_slots, sw.max_slot_memory
             ));
         }
+        let host = rules
+            .connections
+            .iter()
+            .find(|c| matches!(c.peer, Peer::Host { rank: 0 }))
+            .and_then(|c| topo.host_by_ip(c.peer_ip));
         sa.used.extend(qpns.iter().copied());
-        sa.slots += slots;
-        sa.slot_memory += memory;
-        let part = Holding { switch_id: sw.id, qpns, slots, slot_memory: memory };
+        sa.take(slots, memory, host);
+        let part = Holding { switch_id: sw.id, qpns, slots, slot_memory: memory, host };
         self.comms.entry(rules.comm_id).or_default().parts.push(part);
         Ok(())
     }
@@ -324,6 +376,16 @@ impl Allocator {
     /// Slots in use on a switch.
     pub fn live_slots(&self, switch_id: u32) -> u64 {
         self.switches.get(&switch_id).map_or(0, |s| s.slots)
+    }
+
+    /// Switch memory accounted on a switch ([`CommMemory`] of every live part).
+    pub fn live_memory(&self, switch_id: u32) -> u64 {
+        self.switches.get(&switch_id).map_or(0, |s| s.slot_memory)
+    }
+
+    /// Switch memory charged on a switch to a host (topology index) as rank 0.
+    pub fn host_memory(&self, switch_id: u32, host: usize) -> u64 {
+        self.switches.get(&switch_id).map_or(0, |s| s.host_memory(host))
     }
 
     /// Whether a communicator holds resources.
@@ -564,9 +626,16 @@ fn compile_inner(
                 switch_takes_gso: false,
             });
         }
-        let fan_in = conns.len() - usize::from(parent.is_some());
-        let (slots, slot_memory) = alloc.alloc_slots(sw, window, mtu, fan_in)?;
-        record.parts.push(Holding { switch_id: sw.id, qpns, slots, slot_memory });
+        let asker = host_of_rank[0];
+        let (slots, slot_memory) =
+            alloc.alloc_slots(topo, sw, (window, mtu), conns.len(), asker)?;
+        record.parts.push(Holding {
+            switch_id: sw.id,
+            qpns,
+            slots,
+            slot_memory,
+            host: Some(asker),
+        });
         rules.push(SwitchRules {
             comm_id: spec.comm_id,
             switch_id: sw.id,

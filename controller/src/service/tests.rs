@@ -250,6 +250,7 @@ fn big_core(per_group: usize) -> (Core, Instant, u64) {
     for s in &mut cfg.topology.switches {
         s.max_slots = u32::MAX;
         s.max_slot_memory = u64::MAX;
+        s.max_host_memory = u64::MAX;
     }
     cfg.limits.max_communicators_per_group = per_group;
     let mut core = Core::new(cfg, t0);

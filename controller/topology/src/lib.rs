@@ -11,11 +11,16 @@
 
 mod error;
 pub mod generate;
+mod memory;
 mod model;
 mod raw;
 mod validate;
 
 pub use error::{TopologyError, TopologyIssue};
+pub use memory::{
+    CommMemory, CONNECTION_ALLOWANCE, FRAME_ALLOWANCE, SEND_QUEUE_RESERVE, SLOT_ALLOWANCE,
+    SLOT_BYTES_PER_PAYLOAD_BYTE,
+};
 pub use model::{
     Defaults, Host, IfAddr, Link, Port, PortPeer, PortRef, Switch, Topology, TreeNode,
 };
@@ -24,7 +29,8 @@ pub use model::{
 pub const DEFAULT_LINK_MTU: u32 = 9000;
 /// Default slot capacity of a switch (across all communicators).
 pub const DEFAULT_MAX_SLOTS: u32 = 1 << 20;
-/// Default slot-buffer budget of a switch (across all communicators).
+/// Default memory budget of a switch for communicators (across all of them; see
+/// [`CommMemory`]). A host's share defaults to half of it.
 pub const DEFAULT_MAX_SLOT_MEMORY: u64 = 1 << 28;
 /// Name of the controller element (namespace `P-ctrl`).
 pub const CONTROLLER_NAME: &str = "ctrl";

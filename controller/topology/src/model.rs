@@ -92,9 +92,14 @@ pub struct Switch {
     pub max_window: u32,
     /// Largest payload size a communicator may use on this switch.
     pub max_mtu: u16,
-    /// Bytes of slot buffers all communicators together may take on this switch
-    /// (counted as slots x mtu x fan-in, the most the switch allocates).
+    /// Bytes of switch memory all communicators together may take on this switch:
+    /// everything a communicator allocates there (slot pool, send queues, staging),
+    /// counted by [`crate::comm_memory`] at its most.
     pub max_slot_memory: u64,
+    /// Bytes of switch memory the communicators one host asks for (the host of their
+    /// rank 0) may take together on this switch: its share, so that one host cannot
+    /// take the whole switch. At most `max_slot_memory`.
+    pub max_host_memory: u64,
     /// Data-plane ports.
     pub ports: Vec<Port>,
 }
@@ -257,8 +262,15 @@ impl Topology {
         for s in &self.switches {
             let _ = write!(
                 t,
-                "s{}:{}:{}:{}:{}:{}:{}|",
-                s.id, s.name, s.mgmt, s.max_slots, s.max_window, s.max_mtu, s.max_slot_memory
+                "s{}:{}:{}:{}:{}:{}:{}:{}|",
+                s.id,
+                s.name,
+                s.mgmt,
+                s.max_slots,
+                s.max_window,
+                s.max_mtu,
+                s.max_slot_memory,
+                s.max_host_memory
             );
             for p in &s.ports {
                 let _ = write!(t, "p{}:{}:{}|", p.name, p.addr, p.mac);

@@ -55,6 +55,8 @@ pub(crate) struct RawSwitch {
     pub(crate) max_mtu: Option<S<u16>>,
     #[serde(default)]
     pub(crate) max_slot_memory: Option<S<u64>>,
+    #[serde(default)]
+    pub(crate) max_host_memory: Option<S<u64>>,
     pub(crate) ports: Vec<RawPort>,
 }
 

@@ -314,7 +314,8 @@ impl<'a> Validator<'a> {
                 }
                 ports.push(Port { name: p.name.to_string(), addr, mac, emu: Default::default() });
             }
-            let (max_slots, max_window, max_mtu, max_slot_memory) = self.switch_limits(s, &sel);
+            let (max_slots, max_window, max_mtu, max_slot_memory, max_host_memory) =
+                self.switch_limits(s, &sel);
             switches.push(Switch {
                 id: *s.id,
                 name: s.name.to_string(),
@@ -323,6 +324,7 @@ impl<'a> Validator<'a> {
                 max_window,
                 max_mtu,
                 max_slot_memory,
+                max_host_memory,
                 ports,
             });
         }
@@ -334,9 +336,9 @@ impl<'a> Validator<'a> {
 }
 
 impl Validator<'_> {
-    /// `max_slots`, `max_window`, `max_mtu`, `max_slot_memory` of a switch: what the
-    /// controller lets hosts ask of it.
-    fn switch_limits(&mut self, s: &RawSwitch, el: &str) -> (u32, u32, u16, u64) {
+    /// `max_slots`, `max_window`, `max_mtu`, `max_slot_memory`, `max_host_memory` of a
+    /// switch: what the controller lets hosts ask of it.
+    fn switch_limits(&mut self, s: &RawSwitch, el: &str) -> (u32, u32, u16, u64, u64) {
         let mut slots = DEFAULT_MAX_SLOTS;
         if let Some(v) = &s.max_slots {
             if **v < 2 {
@@ -369,7 +371,22 @@ impl Validator<'_> {
                 memory = **v;
             }
         }
-        (slots, window, mtu, memory)
+        // Half the switch by default: two hosts' jobs always fit side by side.
+        let mut host_memory = memory / 2;
+        if let Some(v) = &s.max_host_memory {
+            if **v < 1 << 20 || **v > memory {
+                self.issue(
+                    v,
+                    el,
+                    format!(
+                        "max_host_memory must be at least 1048576 bytes and at most max_slot_memory ({memory})"
+                    ),
+                );
+            } else {
+                host_memory = **v;
+            }
+        }
+        (slots, window, mtu, memory, host_memory)
     }
 }
 
