@@ -8,14 +8,17 @@
 //! and for a path `p` of link directions `fill(p) = sum_{l in p} (F_0 / B_l + d_l)`:
 //!
 //! ```text
-//! T = max_{s sends} fill(up(s)) + max_{r receives} fill(down(r)) + sum_{k=1}^{N-1} F_k / B_min
+//! T = max_{s sends} fill(up(s)) + max_{r receives} fill(down(r)) + sum_{k=1}^{N-1} (F_k + A) / B_min
 //! ```
 //!
 //! `up(s)` runs from host `s` to the communicator's root switch, `down(r)` from the root
 //! to host `r`, `B_min` is the slowest link on those paths: the first chunk's
 //! store-and-forward trip up and down the tree (pipeline fill and per-hop latency),
-//! then the rest of the vector streams through the bottleneck (`S / B`). ACKs, the
-//! start message and processing are left out: they are what the simulation adds.
+//! then the rest of the vector streams through the bottleneck (`S / B`). In an
+//! AllReduce every link direction that carries results down also carries the RC ACKs
+//! of the data going up the same link: `A` = 62 bytes per chunk (0 for Reduce and
+//! Broadcast, whose data flows one way). The start message, ACK coalescing and
+//! processing are left out: they are what the simulation adds or saves.
 //!
 //! Ring AllReduce over the hosts in rank order: `2 (n-1)/n · S / B + 2 (n-1) · α`, `B`
 //! the slowest link on any path between ring neighbours, `α` the largest propagation
@@ -23,11 +26,14 @@
 
 use serde::Serialize;
 
+use crate::data::Collective;
 use crate::net::{Dir, Nanos};
 use crate::sim::Sim;
 
 /// Bytes of an Ethernet/IPv4/UDP/BTH/ICRC data frame around its payload.
 pub const DATA_FRAME_OVERHEAD: u64 = 14 + 20 + 8 + 12 + 4;
+/// Bytes of an RC ACK frame (Ethernet, IPv4, UDP, BTH, AETH, ICRC).
+pub const ACK_FRAME: u64 = 14 + 20 + 8 + 12 + 4 + 4;
 
 /// Analytical times for the run's collective, size and links.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -116,7 +122,10 @@ impl Sim {
             + if n_chunks >= 2 { last + DATA_FRAME_OVERHEAD } else { 0 };
         let rest_frames = n_chunks.saturating_sub(1);
         let oh = u64::from(dirs.first().map_or(0, |d| d.cfg.wire_overhead));
-        let stream = (rest_bytes + rest_frames * oh) as f64 * 8e9 / b_min.max(1) as f64;
+        // Each result chunk down a link shares it with the ACK of one data chunk up.
+        let acks = if matches!(cfg.collective, Collective::AllReduce) { rest_frames } else { 0 };
+        let stream = (rest_bytes + rest_frames * oh + acks * (ACK_FRAME + oh)) as f64 * 8e9
+            / b_min.max(1) as f64;
         let in_network_ns = up_max + down_max + stream;
 
         // Ring over ranks in order.

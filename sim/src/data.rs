@@ -139,11 +139,21 @@ pub fn combine_into(dtype: DataType, op: Operator, acc: &mut [u8], input: &[u8])
         acc: &'a mut [u8],
         input: &'a [u8],
     }
+    fn apply<E: Elem>(acc: &mut [u8], input: &[u8], f: impl Fn(E, E) -> E) {
+        for (a, b) in acc.chunks_exact_mut(E::SIZE).zip(input.chunks_exact(E::SIZE)) {
+            f(E::load_ne(a), E::load_ne(b)).store_ne(a);
+        }
+    }
     impl TypeVisitor for V<'_> {
         type Output = ();
         fn visit<E: Elem>(self) {
-            for (a, b) in self.acc.chunks_exact_mut(E::SIZE).zip(self.input.chunks_exact(E::SIZE)) {
-                E::combine(self.op, E::load_ne(a), E::load_ne(b)).store_ne(a);
+            let (acc, input) = (self.acc, self.input);
+            // One loop per operator, so each is a tight monomorphic loop.
+            match self.op.in_network() {
+                Operator::Sum | Operator::Avg => apply::<E>(acc, input, E::sum),
+                Operator::Max => apply::<E>(acc, input, E::maximum),
+                Operator::Min => apply::<E>(acc, input, E::minimum),
+                op => apply::<E>(acc, input, |a, b| E::combine(op, a, b)),
             }
         }
     }
@@ -155,6 +165,9 @@ pub fn combine_into(dtype: DataType, op: Operator, acc: &mut [u8], input: &[u8])
 pub fn first_mismatch(dtype: DataType, got: &[u8], want: &[u8]) -> Option<(usize, String, String)> {
     if got.len() != want.len() {
         return Some((0, format!("{} bytes", got.len()), format!("{} bytes", want.len())));
+    }
+    if got == want {
+        return None;
     }
     let size = dtype.size();
     let at = got.chunks_exact(size).zip(want.chunks_exact(size)).position(|(a, b)| a != b)?;

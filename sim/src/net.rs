@@ -265,76 +265,137 @@ impl Dir {
     }
 }
 
-/// Fixed-size frame buffers, recycled.
-#[derive(Debug, Default)]
+/// Frames up to this many bytes (ACKs, NAKs, ARP, control messages) live in small
+/// buffers.
+pub const SMALL_FRAME: usize = 256;
+const SMALL_BIT: u32 = 1 << 31;
+
+/// Frame buffers in two sizes, recycled: a node writes into a large one (the engines
+/// need room for a whole frame), a short frame then moves to a small one, so the
+/// frames in flight (a window per connection) take little more memory than their
+/// bytes.
+#[derive(Debug)]
 pub struct Pool {
-    bufs: Vec<Box<[u8]>>,
-    lens: Vec<u32>,
-    free: Vec<u32>,
+    large_size: usize,
+    large: Vec<Box<[u8]>>,
+    small: Vec<Box<[u8]>>,
+    large_lens: Vec<u32>,
+    small_lens: Vec<u32>,
+    free_large: Vec<u32>,
+    free_small: Vec<u32>,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool::new(MAX_FRAME)
+    }
 }
 
 impl Pool {
-    /// A free buffer's index.
+    /// A pool whose large buffers hold `large_size` bytes.
+    pub fn new(large_size: usize) -> Pool {
+        Pool {
+            large_size: large_size.clamp(SMALL_FRAME, MAX_FRAME),
+            large: Vec::new(),
+            small: Vec::new(),
+            large_lens: Vec::new(),
+            small_lens: Vec::new(),
+            free_large: Vec::new(),
+            free_small: Vec::new(),
+        }
+    }
+
+    /// A free large buffer's index.
     #[inline]
     pub fn take(&mut self) -> u32 {
-        if let Some(i) = self.free.pop() {
+        if let Some(i) = self.free_large.pop() {
             return i;
         }
-        self.bufs.push(vec![0u8; MAX_FRAME].into_boxed_slice());
-        self.lens.push(0);
-        (self.bufs.len() - 1) as u32
+        self.large.push(vec![0u8; self.large_size].into_boxed_slice());
+        self.large_lens.push(0);
+        (self.large.len() - 1) as u32
+    }
+
+    fn take_small(&mut self) -> u32 {
+        if let Some(i) = self.free_small.pop() {
+            return i | SMALL_BIT;
+        }
+        self.small.push(vec![0u8; SMALL_FRAME].into_boxed_slice());
+        self.small_lens.push(0);
+        (self.small.len() - 1) as u32 | SMALL_BIT
     }
 
     /// Returns a buffer.
     #[inline]
     pub fn give(&mut self, i: u32) {
-        self.free.push(i);
+        if i & SMALL_BIT != 0 {
+            self.free_small.push(i & !SMALL_BIT);
+        } else {
+            self.free_large.push(i);
+        }
     }
 
-    /// The whole buffer, to write a frame into.
+    /// The whole of large buffer `i` (from [`Pool::take`]), to write a frame into.
     #[inline]
     pub fn buf_mut(&mut self, i: u32) -> &mut [u8] {
-        &mut self.bufs[i as usize]
+        &mut self.large[i as usize]
     }
 
-    /// Sets the frame length of buffer `i`.
+    /// Sets the frame length of large buffer `i`; returns the buffer that holds the
+    /// frame from now on (a small one if it fits: `i` is then given back).
     #[inline]
-    pub fn set_len(&mut self, i: u32, len: usize) {
-        self.lens[i as usize] = len as u32;
+    pub fn set_len(&mut self, i: u32, len: usize) -> u32 {
+        if len <= SMALL_FRAME {
+            let j = self.take_small();
+            let k = (j & !SMALL_BIT) as usize;
+            self.small[k][..len].copy_from_slice(&self.large[i as usize][..len]);
+            self.small_lens[k] = len as u32;
+            self.free_large.push(i);
+            return j;
+        }
+        self.large_lens[i as usize] = len as u32;
+        i
     }
 
     /// The frame in buffer `i`.
     #[inline]
     pub fn frame(&self, i: u32) -> &[u8] {
-        &self.bufs[i as usize][..self.lens[i as usize] as usize]
+        if i & SMALL_BIT != 0 {
+            let k = (i & !SMALL_BIT) as usize;
+            &self.small[k][..self.small_lens[k] as usize]
+        } else {
+            &self.large[i as usize][..self.large_lens[i as usize] as usize]
+        }
     }
 
     /// The frame in buffer `i`, mutably.
     #[inline]
     pub fn frame_mut(&mut self, i: u32) -> &mut [u8] {
-        let len = self.lens[i as usize] as usize;
-        &mut self.bufs[i as usize][..len]
+        if i & SMALL_BIT != 0 {
+            let k = (i & !SMALL_BIT) as usize;
+            &mut self.small[k][..self.small_lens[k] as usize]
+        } else {
+            let len = self.large_lens[i as usize] as usize;
+            &mut self.large[i as usize][..len]
+        }
     }
 
     /// Copies frame `i` into a new buffer.
     pub fn duplicate(&mut self, i: u32) -> u32 {
+        let copy = self.frame(i).to_vec();
         let j = self.take();
-        let len = self.lens[i as usize] as usize;
-        let (a, b) = if i < j {
-            let (lo, hi) = self.bufs.split_at_mut(j as usize);
-            (&lo[i as usize], &mut hi[0])
-        } else {
-            let (lo, hi) = self.bufs.split_at_mut(i as usize);
-            (&hi[0], &mut lo[j as usize])
-        };
-        b[..len].copy_from_slice(&a[..len]);
-        self.lens[j as usize] = len as u32;
-        j
+        self.large[j as usize][..copy.len()].copy_from_slice(&copy);
+        self.set_len(j, copy.len())
     }
 
-    /// Buffers allocated so far (the peak number of frames in flight).
-    pub fn allocated(&self) -> usize {
-        self.bufs.len()
+    /// Buffers allocated so far, large and small (the peak of frames in flight).
+    pub fn allocated(&self) -> (usize, usize) {
+        (self.large.len(), self.small.len())
+    }
+
+    /// Bytes of buffers allocated so far.
+    pub fn allocated_bytes(&self) -> usize {
+        self.large.len() * self.large_size + self.small.len() * SMALL_FRAME
     }
 }
 
@@ -486,11 +547,16 @@ mod tests {
         let mut p = Pool::default();
         let a = p.take();
         p.buf_mut(a)[..3].copy_from_slice(&[1, 2, 3]);
-        p.set_len(a, 3);
-        let b = p.duplicate(a);
+        let a2 = p.set_len(a, 3);
+        assert_ne!(a2, a, "a short frame moves to a small buffer");
+        assert_eq!(p.take(), a, "and its large buffer is free again");
+        let b = p.duplicate(a2);
         assert_eq!(p.frame(b), &[1, 2, 3]);
-        p.give(a);
-        assert_eq!(p.take(), a);
-        assert_eq!(p.allocated(), 2);
+        p.give(a2);
+        let big = p.take();
+        p.buf_mut(big)[..1000].fill(7);
+        let big = p.set_len(big, 1000);
+        assert_eq!(p.frame(big).len(), 1000);
+        assert_eq!(p.allocated(), (2, 2));
     }
 }

@@ -305,6 +305,8 @@ pub struct SimReport {
     pub wall: WallTimes,
     /// Most frames in flight at once.
     pub peak_frames_in_flight: usize,
+    /// Bytes of frame buffers at the peak.
+    pub frame_buffer_bytes: usize,
     /// Switch events (failures), rendered.
     pub switch_events: Vec<String>,
 }
@@ -642,7 +644,7 @@ impl Sim {
             nodes,
             out_dirs,
             dirs,
-            pool: Pool::default(),
+            pool: Pool::new(usize::from(mtu) + 256),
             queue: Queue::default(),
             now: 0,
             busy: vec![0; n],
@@ -878,7 +880,7 @@ impl Sim {
             if dir == u32::MAX {
                 return Err(SimError::UnlinkedPort { node: self.nodes[n].name(), port });
             }
-            self.pool.set_len(b, len);
+            let b = self.pool.set_len(b, len);
             match self.dirs[dir as usize].offer(t, self.pool.frame_mut(b)) {
                 Verdict::Dropped => self.pool.give(b),
                 Verdict::Deliver(at, dup) => {
@@ -993,7 +995,8 @@ impl Sim {
             events: self.events,
             events_per_s: self.events as f64 / wall.run_s.max(1e-9),
             wall,
-            peak_frames_in_flight: self.pool.allocated(),
+            peak_frames_in_flight: self.pool.allocated().0 + self.pool.allocated().1,
+            frame_buffer_bytes: self.pool.allocated_bytes(),
             switch_events,
         })
     }
