@@ -4,10 +4,12 @@
 # size, rank 0's address and the controller (set by `inc-controller export`); the run
 # is chosen by the environment or the options:
 #
-#   inc-collective [allreduce|reduce|broadcast|barrier] [--count N] [--dtype T[,T...]|all]
+#   inc-collective [allreduce|reduce|broadcast|allgather|reducescatter|barrier] [--count N]
+#                  [--dtype T[,T...]|all]
 #                  [--op OP[,OP...]|all] [--root R] [--iters N] [--warmup N]
 #
-#   (types and operators as the host programs: inccl-allreduce --help)
+#   (types and operators as the host programs: inccl-allreduce --help; for AllGather
+#   and ReduceScatter the count is per rank's block)
 #
 #   INC_COLLECTIVE (allreduce), INC_COUNT (65536), INC_DTYPE (int32), INC_OP (sum),
 #   INC_ROOT (0), INC_ITERS (1), INC_WARMUP (0)
@@ -28,18 +30,18 @@ iters="${INC_ITERS:-1}"
 warmup="${INC_WARMUP:-0}"
 while [ $# -gt 0 ]; do
     case "$1" in
-        allreduce|reduce|broadcast|barrier) collective="$1"; shift ;;
+        allreduce|reduce|broadcast|allgather|reducescatter|barrier) collective="$1"; shift ;;
         --count) count="${2:?}"; shift 2 ;;
         --dtype) dtype="${2:?}"; shift 2 ;;
         --op) op="${2:?}"; shift 2 ;;
         --root) root="${2:?}"; shift 2 ;;
         --iters) iters="${2:?}"; shift 2 ;;
         --warmup) warmup="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
-case "$collective" in allreduce|reduce|broadcast|barrier) ;; *) die "unknown collective '$collective'" ;; esac
+case "$collective" in allreduce|reduce|broadcast|allgather|reducescatter|barrier) ;; *) die "unknown collective '$collective'" ;; esac
 for v in INC_RANK INC_WORLD INC_MASTER; do
     [ -n "${!v:-}" ] || die "$v is not set (this container was not created from an exported compose or containerlab file)"
 done
