@@ -411,6 +411,22 @@ impl<B: Backend> EventLoop<B> {
     }
 
     fn command(&mut self, cmd: Command) {
+        let held_before = self.held();
+        self.command_inner(cmd);
+        if self.held() < held_before {
+            // Removed communicators freed their slot pools and send queues: give the
+            // pages back (glibc would keep them), so the process shrinks to what the
+            // communicators left need.
+            inc_switch_io::alloc::release_free_memory();
+        }
+    }
+
+    /// Communicators held over all switches of this loop.
+    fn held(&self) -> usize {
+        self.switches.iter().map(|s| s.communicators.len()).sum()
+    }
+
+    fn command_inner(&mut self, cmd: Command) {
         let now = self.now();
         match cmd {
             Command::Install { switch, rules, origin, reply } => {

@@ -21,8 +21,9 @@
 //!
 //! [`link_emu`] wraps any backend to emulate lossy, slow or misbehaving links;
 //! [`in_process`] wraps any backend to carry links between two of its own ports in
-//! memory.
+//! memory. [`alloc`] gives memory freed in bulk back to the system.
 
+pub mod alloc;
 pub mod backend;
 pub mod in_process;
 pub mod link_emu;
