@@ -72,6 +72,13 @@ fn one_host_cannot_take_a_whole_switch() {
     assert_eq!(switch, "root", "{text}");
     let free = sw.max_host_memory - per_root;
     assert_eq!(limit, &format!("{free} of host h0's share max_host_memory 134217728 free"));
+    // As quoted in topologies/README.md.
+    assert_eq!(
+        text,
+        "switch root: 69623808 bytes of switch memory (slot pool 33824768 + send queues \
+         35799040) for window 2048, mtu 4096 and 2 connection(s) exceeds its limit: 64593920 \
+         of host h0's share max_host_memory 134217728 free"
+    );
     assert_eq!(alloc.live_memory(leaf1), per_leaf, "the refused one took nothing");
 
     // Other hosts ask: accepted until the switch itself is full.
