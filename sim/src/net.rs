@@ -209,6 +209,12 @@ impl Dir {
         }
     }
 
+    /// When the serialiser is free for the next frame.
+    #[inline]
+    pub fn busy_until(&self) -> Nanos {
+        self.busy_until
+    }
+
     /// A frame of `frame.len()` bytes handed to this direction at `now`: may corrupt
     /// it in place; returns when it arrives at the far end.
     #[inline]
@@ -422,6 +428,11 @@ pub enum Event {
         /// Node.
         node: u32,
     },
+    /// Host `node`'s link is free again: it may send its next frame.
+    TxReady {
+        /// Node.
+        node: u32,
+    },
 }
 
 impl Event {
@@ -430,6 +441,7 @@ impl Event {
             Event::Arrive { dir, buf } => (u64::from(dir) << 32) | u64::from(buf),
             Event::Process { dir, buf } => (1 << 62) | (u64::from(dir) << 32) | u64::from(buf),
             Event::Timer { node } => (2 << 62) | u64::from(node),
+            Event::TxReady { node } => (3 << 62) | u64::from(node),
         }
     }
 
@@ -439,7 +451,8 @@ impl Event {
         match v >> 62 {
             0 => Event::Arrive { dir: a, buf: b },
             1 => Event::Process { dir: a, buf: b },
-            _ => Event::Timer { node: b },
+            2 => Event::Timer { node: b },
+            _ => Event::TxReady { node: b },
         }
     }
 }
@@ -536,9 +549,11 @@ mod tests {
         q.push(5, Event::Timer { node: 3 });
         q.push(2, Event::Arrive { dir: 7, buf: 9 });
         q.push(5, Event::Process { dir: 0x3FFF_FFFF, buf: u32::MAX });
+        q.push(6, Event::TxReady { node: 12 });
         assert_eq!(q.pop(), Some((2, Event::Arrive { dir: 7, buf: 9 })));
         assert_eq!(q.pop(), Some((5, Event::Timer { node: 3 })));
         assert_eq!(q.pop(), Some((5, Event::Process { dir: 0x3FFF_FFFF, buf: u32::MAX })));
+        assert_eq!(q.pop(), Some((6, Event::TxReady { node: 12 })));
         assert!(q.is_empty());
     }
 

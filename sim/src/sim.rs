@@ -444,6 +444,9 @@ pub struct Sim {
     busy: Vec<Nanos>,
     costs: Vec<Nanos>,
     timer_at: Vec<Nanos>,
+    /// When a host's `TxReady` is scheduled (`Nanos::MAX`: not scheduled).
+    tx_wait: Vec<Nanos>,
+    n_switches: usize,
     expected: Vec<u8>,
     done: usize,
     events: u64,
@@ -650,6 +653,8 @@ impl Sim {
             busy: vec![0; n],
             costs,
             timer_at: vec![Nanos::MAX; n],
+            tx_wait: vec![Nanos::MAX; n],
+            n_switches,
             expected: Vec::new(),
             done: 0,
             events: 0,
@@ -791,6 +796,10 @@ impl Sim {
                     }
                 }
                 Event::Process { dir, buf } => self.deliver(dir, buf)?,
+                Event::TxReady { node } => {
+                    self.tx_wait[node as usize] = Nanos::MAX;
+                    self.after_node(node as usize)?;
+                }
                 Event::Timer { node } => {
                     let n = node as usize;
                     if self.timer_at[n] == t {
@@ -858,9 +867,25 @@ impl Sim {
     }
 
     /// Sends every frame node `n` has, then re-arms its timer.
+    ///
+    /// A switch hands every frame it has to its ports' output queues at once. A host's
+    /// NIC takes the next frame from the engine only when its link is free (as a NIC
+    /// fetches work requests while it transmits): the engine's send queue holds the
+    /// window, no copy waits in a NIC queue.
     fn after_node(&mut self, n: usize) -> Result<(), SimError> {
         let t = self.now;
+        let host_dir = (n >= self.n_switches).then(|| self.out_dirs[n][0]);
         loop {
+            if let Some(d) = host_dir.filter(|&d| d != u32::MAX) {
+                let free = self.dirs[d as usize].busy_until();
+                if free > t {
+                    if self.tx_wait[n] == Nanos::MAX {
+                        self.tx_wait[n] = free;
+                        self.queue.push(free, Event::TxReady { node: n as u32 });
+                    }
+                    break;
+                }
+            }
             let b = self.pool.take();
             let out = match &mut self.nodes[n] {
                 Node::Switch(s) => s
