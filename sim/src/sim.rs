@@ -327,8 +327,12 @@ struct HostSim {
     engine: HostEngine,
     sends: bool,
     receives: bool,
-    /// Input (senders), overwritten by the result where the rank also receives.
+    /// Input (senders), overwritten by the result where the rank also receives; empty
+    /// for a rank outside the checked sample, which uses [`Shared`] buffers.
     buf: Vec<u8>,
+    /// Rank outside the checked sample: its input is shared pattern `pattern`, its
+    /// output goes to the shared scratch buffer and is not checked.
+    pattern: Option<usize>,
     finished: Option<Nanos>,
     /// `finished` was counted in [`Sim`]'s `done`.
     counted: bool,
@@ -341,13 +345,13 @@ struct HostSim {
 const ARP_FRAME_LEN: usize = 60;
 
 impl HostSim {
-    fn handle_frame(&mut self, now: Nanos, frame: &[u8]) {
+    fn handle_frame(&mut self, now: Nanos, frame: &[u8], shared: &mut Shared) {
         if frame.get(12..14) == Some(&[0x08, 0x06]) {
             self.handle_arp(frame);
             return;
         }
         let t = Time::from_nanos(now);
-        let mut bufs = op_buffers(&mut self.buf, self.sends, self.receives);
+        let mut bufs = op_buffers(&mut self.buf, self.pattern, shared, self.sends, self.receives);
         self.engine.handle_frame(t, frame, &mut bufs);
         self.check(now);
     }
@@ -365,13 +369,13 @@ impl HostSim {
         }
     }
 
-    fn poll_transmit(&mut self, now: Nanos, out: &mut [u8]) -> Option<usize> {
+    fn poll_transmit(&mut self, now: Nanos, out: &mut [u8], shared: &mut Shared) -> Option<usize> {
         if let Some(arp) = self.arp_out.pop_front() {
             out[..ARP_FRAME_LEN].copy_from_slice(&arp);
             return Some(ARP_FRAME_LEN);
         }
         let t = Time::from_nanos(now);
-        let bufs = op_buffers(&mut self.buf, self.sends, self.receives);
+        let bufs = op_buffers(&mut self.buf, self.pattern, shared, self.sends, self.receives);
         self.engine.poll_transmit(t, out, &bufs)
     }
 
@@ -396,8 +400,38 @@ impl HostSim {
     }
 }
 
-/// The engine's view of a rank's buffer: in place where the rank sends and receives.
-fn op_buffers(buf: &mut [u8], sends: bool, receives: bool) -> OpBuffers<'_> {
+/// Buffers of the ranks outside the checked sample (above [`SAMPLE_RANKS`] ranks):
+/// a few input patterns and one output every such rank writes into.
+#[derive(Debug, Default)]
+struct Shared {
+    patterns: Vec<Vec<u8>>,
+    scratch: Vec<u8>,
+}
+
+/// Up to this many ranks, every rank has its own buffers and every element of every
+/// receiving rank is checked; above it, this many ranks (evenly spread, the root
+/// included) are, and the others share [`PATTERNS`] inputs and one output buffer.
+pub const SAMPLE_RANKS: usize = 1024;
+/// Distinct inputs of the ranks outside the sample.
+pub const PATTERNS: usize = 16;
+
+/// The engine's view of a rank's buffers: in place where the rank sends and receives.
+fn op_buffers<'a>(
+    buf: &'a mut [u8],
+    pattern: Option<usize>,
+    shared: &'a mut Shared,
+    sends: bool,
+    receives: bool,
+) -> OpBuffers<'a> {
+    if let Some(p) = pattern {
+        let src = &shared.patterns[p];
+        return match (sends, receives) {
+            (true, true) => OpBuffers::Separate { src, dst: &mut shared.scratch },
+            (true, false) => OpBuffers::SendOnly(src),
+            (false, true) => OpBuffers::RecvOnly(&mut shared.scratch),
+            (false, false) => OpBuffers::None,
+        };
+    }
     match (sends, receives) {
         (true, true) => OpBuffers::InPlace(buf),
         (true, false) => OpBuffers::SendOnly(buf),
@@ -447,6 +481,7 @@ pub struct Sim {
     /// When a host's `TxReady` is scheduled (`Nanos::MAX`: not scheduled).
     tx_wait: Vec<Nanos>,
     n_switches: usize,
+    shared: Shared,
     expected: Vec<u8>,
     done: usize,
     events: u64,
@@ -552,6 +587,7 @@ impl Sim {
                 sends,
                 receives,
                 buf: Vec::new(),
+                pattern: None,
                 finished: None,
                 counted: false,
                 error: None,
@@ -655,6 +691,7 @@ impl Sim {
             timer_at: vec![Nanos::MAX; n],
             tx_wait: vec![Nanos::MAX; n],
             n_switches,
+            shared: Shared::default(),
             expected: Vec::new(),
             done: 0,
             events: 0,
@@ -704,15 +741,52 @@ impl Sim {
 
     fn generate_inputs(&mut self) {
         let t0 = Instant::now();
-        let world = self.topo.hosts.len() as u16;
-        let input =
-            InputSpec { dtype: self.cfg.dtype, op: self.cfg.op, world, seed: self.cfg.seed };
+        let world = self.topo.hosts.len();
+        let input = InputSpec {
+            dtype: self.cfg.dtype,
+            op: self.cfg.op,
+            world: world as u16,
+            seed: self.cfg.seed,
+        };
         let bytes = self.cfg.bytes as usize;
-        let mut expected: Option<Vec<u8>> = None;
         let collective = self.cfg.collective;
+        let root = match collective {
+            Collective::Reduce { root } | Collective::Broadcast { root } => Some(root),
+            Collective::AllReduce => None,
+        };
+        // Above SAMPLE_RANKS ranks, every `stride`-th rank and the root keep their own
+        // buffers; the others share patterns (drawn as ranks world.., never a real rank's).
+        let sampled = |rank: u16| {
+            world <= SAMPLE_RANKS
+                || Some(rank) == root
+                || usize::from(rank) % world.div_ceil(SAMPLE_RANKS) == 0
+        };
+        if world > SAMPLE_RANKS {
+            self.shared.patterns = (0..PATTERNS)
+                .map(|k| {
+                    let mut v = vec![0u8; bytes];
+                    input.fill((world + k) as u16, &mut v);
+                    v
+                })
+                .collect();
+            self.shared.scratch = vec![POISON; bytes];
+        }
+        let mut expected: Option<Vec<u8>> = None;
         for node in &mut self.nodes {
             let Node::Host(h) = node else { continue };
             if !h.sends && !h.receives {
+                continue;
+            }
+            if !sampled(h.rank) {
+                let p = usize::from(h.rank) % PATTERNS;
+                h.pattern = Some(p);
+                if h.sends {
+                    let src = &self.shared.patterns[p];
+                    match &mut expected {
+                        None => expected = Some(src.clone()),
+                        Some(acc) => combine_into(self.cfg.dtype, self.cfg.op, acc, src),
+                    }
+                }
                 continue;
             }
             h.buf = vec![POISON; bytes];
@@ -847,7 +921,7 @@ impl Sim {
                 }
                 drain_events(s, t);
             }
-            Node::Host(h) => h.handle_frame(t, frame),
+            Node::Host(h) => h.handle_frame(t, frame, &mut self.shared),
         }
         self.pool.give(buf);
         self.host_done(to)?;
@@ -892,7 +966,9 @@ impl Sim {
                     .engine
                     .poll_transmit(Time::from_nanos(t), self.pool.buf_mut(b))
                     .map(|x| (x.port, x.len)),
-                Node::Host(h) => h.poll_transmit(t, self.pool.buf_mut(b)).map(|len| (0, len)),
+                Node::Host(h) => {
+                    h.poll_transmit(t, self.pool.buf_mut(b), &mut self.shared).map(|len| (0, len))
+                }
             };
             let Some((port, len)) = out else {
                 self.pool.give(b);
@@ -944,6 +1020,9 @@ impl Sim {
                         continue;
                     }
                     receiving += 1;
+                    if h.pattern.is_some() {
+                        continue;
+                    }
                     if let Some((element, got, want)) =
                         first_mismatch(self.cfg.dtype, &h.buf, &self.expected)
                     {
