@@ -126,6 +126,11 @@ struct RunArgs {
     /// AF_PACKET receive blocks per port (v3); v2 uses four times as many frame slots.
     #[arg(long, default_value_t = 128)]
     rx_blocks: u32,
+    /// AF_PACKET v2 frame slots per port on ports that take whole UDP GSO frames (host
+    /// ports on a veth, in-process links over the wire): 64 KiB each, packed 15 to a
+    /// 1 MiB block.
+    #[arg(long, default_value_t = 64)]
+    rx_gso_slots: u32,
     /// AF_PACKET block retire timeout (ms): the longest a lone frame waits in the ring.
     #[arg(long, default_value_t = 1)]
     rx_block_timeout_ms: u32,
@@ -292,6 +297,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 },
                 block_size: args.rx_block_size,
                 block_count: args.rx_blocks,
+                gso_slots: args.rx_gso_slots,
                 block_timeout_ms: args.rx_block_timeout_ms,
                 tx_batch: args.tx_batch,
                 promiscuous: !args.no_promisc,

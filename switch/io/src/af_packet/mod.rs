@@ -54,8 +54,13 @@ pub struct AfPacketConfig {
     /// a block are dropped and counted. V2: ignored (slots fit the interface MTU).
     pub block_size: u32,
     /// V3: receive blocks per port. V2: a quarter of the frame slots per port (frames
-    /// arrive one per slot, so V2 needs more of them for the same burst).
+    /// arrive one per slot, so V2 needs more of them for the same burst), on ports
+    /// whose slots hold one frame of the interface MTU.
     pub block_count: u32,
+    /// V2: frame slots per port on ports whose slots hold a whole UDP GSO frame (64
+    /// KiB each; [`Self::gso_links`], [`Self::host_ports`]). Each usually holds several
+    /// frames, and a host keeps at most a window of them in flight per communicator.
+    pub gso_slots: u32,
     /// Block retire timeout in milliseconds (>= 1).
     pub block_timeout_ms: u32,
     /// Frames per transmit batch.
@@ -84,6 +89,7 @@ impl Default for AfPacketConfig {
             ring: RxRing::V2,
             block_size: 16 * 1024,
             block_count: 128,
+            gso_slots: 64,
             block_timeout_ms: 1,
             tx_batch: 64,
             max_frame: 9216,
@@ -116,12 +122,14 @@ impl AfPacketBackend {
         if config.block_size == 0
             || config.block_size % page != 0
             || config.block_count == 0
+            || config.gso_slots == 0
             || config.tx_batch == 0
             || config.max_frame < 64
         {
             return Err(IoError::Config(format!(
                 "bad AF_PACKET geometry: block size {} must be a positive multiple of {page}; \
-                 block count and tx batch must be positive; max frame at least 64 bytes",
+                 block count, GSO slots and tx batch must be positive; max frame at least 64 \
+                 bytes",
                 config.block_size
             )));
         }

@@ -42,22 +42,23 @@ pub(super) fn request(
             (libc::tpacket_versions::TPACKET_V3, req)
         }
         RxRing::V2 => {
-            // One frame per block: a slot holds header, address and a full-MTU frame.
+            // A slot holds header, address and a full-MTU frame.
             let need =
                 TPACKET2_HDR_ALIGNED + std::mem::size_of::<libc::sockaddr_ll>() + 16 + VNET_HDR_LEN;
-            // A GSO link's slots hold a whole GSO frame (up to 64 KiB of UDP payload);
-            // half as many of them, as each usually holds several frames.
+            // A GSO port's slots hold a whole GSO frame (up to 64 KiB of UDP payload),
+            // and fewer of them, as each usually holds several frames.
             let (frame, slots) = if gso_slots {
-                (inc_wire::gso::MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.block_count * 2)
+                (inc_wire::gso::MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.gso_slots)
             } else {
                 (mtu.unwrap_or(1500) as usize + 14, cfg.block_count * 4)
             };
-            let slot = (need + frame).div_ceil(4096) * 4096;
+            let (frame_size, frames_per_block, block_size) = v2_geometry(need + frame);
+            let blocks = slots.div_ceil(frames_per_block);
             let req = libc::tpacket_req3 {
-                tp_block_size: slot as u32,
-                tp_block_nr: slots,
-                tp_frame_size: slot as u32,
-                tp_frame_nr: slots,
+                tp_block_size: block_size,
+                tp_block_nr: blocks,
+                tp_frame_size: frame_size,
+                tp_frame_nr: blocks * frames_per_block,
                 tp_retire_blk_tov: 0,
                 tp_sizeof_priv: 0,
                 tp_feature_req_word: 0,
@@ -65,6 +66,21 @@ pub(super) fn request(
             (libc::tpacket_versions::TPACKET_V2, req)
         }
     }
+}
+
+/// Largest V2 block: the kernel allocates each block as one run of a power-of-two
+/// number of pages (falling back to vmalloc), so blocks of one frame each would round a
+/// 68 KiB GSO slot up to 128 KiB and a 9 KiB slot up to 16 KiB.
+const V2_BLOCK_MAX: usize = 1 << 20;
+
+/// V2 frame size (`slot` rounded to TPACKET_ALIGNMENT), frames per block and block
+/// size (a power of two, at least a page, up to [`V2_BLOCK_MAX`] unless one frame needs
+/// more): frames packed into blocks the kernel allocates without rounding waste beyond
+/// the tail of a block.
+pub(super) fn v2_geometry(slot: usize) -> (u32, u32, u32) {
+    let frame = slot.next_multiple_of(libc::TPACKET_ALIGNMENT);
+    let block = frame.next_power_of_two().max(V2_BLOCK_MAX).max(4096);
+    (frame as u32, (block / frame) as u32, block as u32)
 }
 
 /// Set up the receive ring `req` on socket `raw`, whose TPACKET version is `ring`'s.
@@ -89,7 +105,8 @@ pub(super) fn set_rx_ring(
 }
 
 /// Receive ring mapped from the kernel: `slot_count` slots of `slot_size` bytes; a
-/// slot is a block (V3) or a frame (V2).
+/// slot is a block (V3) or a frame (V2, `slots_per_block` of them packed in each block
+/// of `block_size` bytes, the blocks back to back).
 #[derive(Debug)]
 pub(super) struct Ring {
     pub(super) base: *mut u8,
@@ -97,6 +114,8 @@ pub(super) struct Ring {
     pub(super) version: RxRing,
     pub(super) slot_size: usize,
     pub(super) slot_count: usize,
+    slots_per_block: usize,
+    block_size: usize,
     /// Next slot to look at.
     pub(super) cur: usize,
 }
@@ -128,14 +147,27 @@ impl Ring {
         if base == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
+        let (slot_size, slot_count) = match version {
+            RxRing::V3 => (req.tp_block_size, req.tp_block_nr),
+            RxRing::V2 => (req.tp_frame_size, req.tp_frame_nr),
+        };
+        let slots_per_block = (req.tp_block_size / slot_size) as usize;
         Ok(Ring {
             base: base.cast(),
             len,
             version,
-            slot_size: req.tp_block_size as usize,
-            slot_count: req.tp_block_nr as usize,
+            slot_size: slot_size as usize,
+            slot_count: slot_count as usize,
+            slots_per_block,
+            block_size: req.tp_block_size as usize,
             cur: 0,
         })
+    }
+
+    /// Offset of slot `i` in the mapping; the slot ends `slot_size` bytes later, inside
+    /// its block.
+    pub(super) fn offset(&self, i: usize) -> usize {
+        (i / self.slots_per_block) * self.block_size + (i % self.slots_per_block) * self.slot_size
     }
 
     /// Status word of slot `i`, shared with the kernel.
@@ -144,7 +176,7 @@ impl Ring {
             RxRing::V3 => std::mem::offset_of!(libc::tpacket_block_desc, hdr),
             RxRing::V2 => std::mem::offset_of!(libc::tpacket2_hdr, tp_status),
         };
-        let off = i * self.slot_size + field;
+        let off = self.offset(i) + field;
         // Safety: slot i lies inside the mapping; the status is a 4-aligned u32 at the
         // start of the slot's header (slots start 16-aligned), and the kernel accesses it
         // concurrently, hence an atomic view.

@@ -12,14 +12,15 @@ use super::{AfPacketBackend, RxRing};
 use crate::backend::PortCounters;
 
 /// Hand one received frame to `sink` unless it is truncated, outgoing or out of bounds.
-/// `hdr` is the offset of its tpacket header in the ring, `sll_at` the aligned header
-/// size after which the sockaddr_ll follows, `(mac, snaplen, len)` from the header.
+/// `hdr` is the offset of its tpacket header in the ring, `slot_end` the end of the
+/// slot (V2) or block (V3) holding it, `sll_at` the aligned header size after which
+/// the sockaddr_ll follows, `(mac, snaplen, len)` from the header.
 /// With `vnet` (PACKET_VNET_HDR) a UDP GSO frame is handed over as its segments.
 /// Returns the frames delivered.
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     ring: &Ring,
-    hdr: usize,
+    (hdr, slot_end): (usize, usize),
     sll_at: usize,
     (mac, snap, len): (usize, u32, u32),
     vnet: bool,
@@ -27,7 +28,6 @@ fn deliver(
     c: &mut PortCounters,
     sink: &mut dyn FnMut(usize, &[u8]),
 ) -> usize {
-    let slot_end = (hdr / ring.slot_size + 1) * ring.slot_size;
     let sll = hdr + sll_at;
     if hdr + mac + snap as usize > slot_end
         || sll + std::mem::size_of::<libc::sockaddr_ll>() > slot_end
@@ -84,7 +84,8 @@ impl AfPacketBackend {
         let ring = &mut sock.ring;
         let mut n = 0;
         while n < budget && ring.ready() {
-            let slot = ring.cur * ring.slot_size;
+            let slot = ring.offset(ring.cur);
+            let slot_end = slot + ring.slot_size;
             match ring.version {
                 RxRing::V3 => {
                     // Safety: the block is owned by user space (TP_STATUS_USER, acquired
@@ -105,7 +106,7 @@ impl AfPacketBackend {
                         let frame = (h.tp_mac as usize, h.tp_snaplen, h.tp_len);
                         n += deliver(
                             ring,
-                            slot + off,
+                            (slot + off, slot_end),
                             TPACKET3_HDR_ALIGNED,
                             frame,
                             vnet,
@@ -125,7 +126,8 @@ impl AfPacketBackend {
                     // ready()) until handed back below; its tpacket2_hdr is at the start.
                     let h = unsafe { &*(ring.base.add(slot) as *const libc::tpacket2_hdr) };
                     let frame = (h.tp_mac as usize, h.tp_snaplen, h.tp_len);
-                    n += deliver(ring, slot, TPACKET2_HDR_ALIGNED, frame, vnet, p, c, sink);
+                    let at = (slot, slot_end);
+                    n += deliver(ring, at, TPACKET2_HDR_ALIGNED, frame, vnet, p, c, sink);
                 }
             }
             c.rx_batches += 1;
