@@ -120,7 +120,7 @@ if [ "$ROLE" = switch ]; then
     [ "$(cat $f)" = 0 ] || echo 0 >$f 2>/dev/null || true
     [ "$(cat $f)" = 0 ] || die "net.ipv4.ip_forward is 1 in this container and cannot be changed"
 fi
-echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null || true
+{ echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6; } 2>/dev/null || true
 
 if [ "$ROLE" = switch ] && [ -z "${INC_CONTROLLER_TOKEN:-}" ] && [ -e /run/secrets/inc-switch-token ]; then
     INC_CONTROLLER_TOKEN="$(cat /run/secrets/inc-switch-token)" \
