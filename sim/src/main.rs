@@ -1,6 +1,8 @@
 //! `inc-sim`: predicts an INC collective's completion time on a topology YAML by
 //! running the real switch and host engines over a discrete-event network model.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -181,15 +183,22 @@ fn main() -> Result<()> {
         in_network_bound_error: report.time_ns as f64 / analytic.in_network_ns - 1.0,
         wall_total_s: wall.elapsed().as_secs_f64(),
     };
+    let mut text = String::new();
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&out)?),
-        Format::Csv => print_csv(&out, args.compare.is_some()),
-        Format::Table => print_table(&out, args.compare.is_some()),
+        Format::Json => text = serde_json::to_string_pretty(&out)? + "\n",
+        Format::Csv => print_csv(&mut text, &out, args.compare.is_some()),
+        Format::Table => print_table(&mut text, &out, args.compare.is_some()),
     }
-    Ok(())
+    // A closed pipe (`| head`) is not an error of the simulation.
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("writing the results")
+        }
+        _ => Ok(()),
+    }
 }
 
-fn print_csv(o: &Output<'_>, ring: bool) {
+fn print_csv(out: &mut String, o: &Output<'_>, ring: bool) {
     let r = o.report;
     let mut head = "topology,collective,dtype,op,bytes,hosts,switches,mtu,window,seed,time_us,algbw_gbs,busbw_gbs,bound_us,bound_error,frames,wire_bytes,retransmissions,queue_drops,lost,verified_ranks,events,events_per_s,wall_s".to_string();
     let mut row = format!(
@@ -227,7 +236,7 @@ fn print_csv(o: &Output<'_>, ring: bool) {
             o.analytic.ring_ns / r.time_ns.max(1) as f64
         ));
     }
-    println!("{head}\n{row}");
+    let _ = writeln!(out, "{head}\n{row}");
 }
 
 fn rate_text(bps: u64) -> String {
@@ -238,10 +247,11 @@ fn rate_text(bps: u64) -> String {
     }
 }
 
-fn print_table(o: &Output<'_>, ring: bool) {
+fn print_table(out: &mut String, o: &Output<'_>, ring: bool) {
     let r = o.report;
     let a = &o.analytic;
-    println!(
+    let _ = writeln!(
+        out,
         "== {} {} {} x {} bytes on {} ({} hosts, {} switches, mtu {}, window {}, seed {})",
         r.collective,
         r.dtype,
@@ -254,14 +264,16 @@ fn print_table(o: &Output<'_>, ring: bool) {
         r.window,
         r.seed
     );
-    println!(
+    let _ = writeln!(
+        out,
         "time            {:>12.3} us   (first rank done at {:.3} us)",
         r.time_ns as f64 / 1e3,
         r.first_ns as f64 / 1e3
     );
-    println!("algbw           {:>12.3} GB/s", r.algbw_gbs);
-    println!("busbw           {:>12.3} GB/s", r.busbw_gbs);
-    println!(
+    let _ = writeln!(out, "algbw           {:>12.3} GB/s", r.algbw_gbs);
+    let _ = writeln!(out, "busbw           {:>12.3} GB/s", r.busbw_gbs);
+    let _ = writeln!(
+        out,
         "in-network bound{:>12.3} us   (fill {:.3} us, {} hops up; simulated is {:+.2}%)",
         a.in_network_ns / 1e3,
         a.fill_ns / 1e3,
@@ -269,7 +281,8 @@ fn print_table(o: &Output<'_>, ring: bool) {
         o.in_network_bound_error * 100.0
     );
     if ring {
-        println!(
+        let _ = writeln!(
+            out,
             "ring allreduce  {:>12.3} us   (B {}, α {} ns; INC is {:.2}x the ring's speed)",
             a.ring_ns / 1e3,
             rate_text(a.ring_rate_bps),
@@ -277,19 +290,22 @@ fn print_table(o: &Output<'_>, ring: bool) {
             a.ring_ns / r.time_ns.max(1) as f64
         );
     }
-    println!("frames          {:>12}      ({} wire bytes)", r.frames, r.wire_bytes);
-    println!("retransmissions {:>12}", r.retransmissions);
-    println!(
+    let _ = writeln!(out, "frames          {:>12}      ({} wire bytes)", r.frames, r.wire_bytes);
+    let _ = writeln!(out, "retransmissions {:>12}", r.retransmissions);
+    let _ = writeln!(
+        out,
         "drops           {:>12}      (queue full; link emulation: {} lost, {} corrupted, {} duplicated, {} reordered)",
         r.queue_drops, r.lost, r.corrupted, r.duplicated, r.reordered
     );
     if r.verified_ranks == r.receiving_ranks {
-        println!(
+        let _ = writeln!(
+            out,
             "checked         {:>12}      of {} receiving ranks, every element",
             r.verified_ranks, r.receiving_ranks
         );
     } else {
-        println!(
+        let _ = writeln!(
+        out,
             "checked         {:>12}      of {} receiving ranks, every element: a sample (above {} ranks, evenly spread ranks and the root keep their own buffers; the others send {} shared input patterns, included in the expected result, and their outputs are not kept)",
             r.verified_ranks,
             r.receiving_ranks,
@@ -297,9 +313,10 @@ fn print_table(o: &Output<'_>, ring: bool) {
             inc_sim::sim::PATTERNS
         );
     }
-    println!("busiest link directions:");
+    let _ = writeln!(out, "busiest link directions:");
     for l in &r.busiest {
-        println!(
+        let _ = writeln!(
+            out,
             "  {:>6.2}%  {:<40} {:>10}  {} frames, max queue {}",
             l.utilisation * 100.0,
             l.name,
@@ -309,9 +326,10 @@ fn print_table(o: &Output<'_>, ring: bool) {
         );
     }
     for e in r.switch_events.iter().take(10) {
-        println!("switch event: {e}");
+        let _ = writeln!(out, "switch event: {e}");
     }
-    println!(
+    let _ = writeln!(
+        out,
         "simulator       {} events in {:.3} s: {:.0} events/s; wall {:.3} s (setup {:.3}, inputs {:.3}, run {:.3}, verify {:.3}); peak {} frames in flight",
         r.events,
         r.wall.run_s,
