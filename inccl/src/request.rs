@@ -1,5 +1,6 @@
 //! Non-blocking collectives: a progress thread per communicator runs the collectives
-//! started on it, one after another in start order, while the caller computes.
+//! started on it, in start order, while the caller computes; the userspace transport
+//! keeps up to [`inccl_engine::MAX_IN_FLIGHT`] of them on the wire at once.
 //!
 //! A collective is first checked and turned into a [`Plan`] (its spec and the caller's
 //! buffers as raw pointers), then either executed at once on the caller's thread
@@ -22,7 +23,7 @@ use tracing::warn;
 
 use crate::error::{Error, Result};
 use crate::group::GroupShared;
-use crate::transport::Transport;
+use crate::transport::{Feed, Transport};
 use crate::types::{DataType, ReduceOp};
 
 /// Requests a communicator may have started and not yet had collected (queued, running
@@ -94,7 +95,7 @@ pub(crate) enum RawBufs {
 }
 
 /// A checked collective, ready to run.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub(crate) spec: CollectiveSpec,
     pub(crate) bufs: RawBufs,
@@ -125,29 +126,124 @@ impl Core {
     /// # Safety
     /// The plan's buffers are alive and used by nobody else until this returns.
     pub(crate) unsafe fn execute(&mut self, plan: &Plan) -> Result<()> {
-        if let Some(why) = &self.failed {
-            return Err(Error::Unusable("communicator", why.clone()));
-        }
-        // Safety: alive and unshared for this call, per this function's contract.
-        let bufs = unsafe {
-            match plan.bufs {
-                RawBufs::Separate { src, dst } => {
-                    let (src, dst) = (src.get(), dst.get());
-                    if plan.spec.kind == CollectiveKind::AllGather {
-                        // The network never sends a rank its own block.
-                        let at = usize::from(self.rank) * src.len();
-                        dst[at..at + src.len()].copy_from_slice(src);
-                    }
-                    OpBuffers::Separate { src, dst }
-                }
-                RawBufs::InPlace(b) => OpBuffers::InPlace(b.get()),
-                RawBufs::SendOnly(b) => OpBuffers::SendOnly(b.get()),
-                RawBufs::RecvOnly(b) => OpBuffers::RecvOnly(b.get()),
-                RawBufs::None => OpBuffers::None,
-            }
+        let mut one = OnePlan { plan: Some(plan.clone()), outcome: None };
+        // Safety: forwarded contract.
+        unsafe { self.execute_all(&mut one) };
+        one.outcome.unwrap_or_else(|| Err(Error::Unusable("collective", "it never ran".into())))
+    }
+
+    /// Runs every plan `source` hands out, in its order, several on the wire at once
+    /// where the transport can, and gives each outcome back.
+    ///
+    /// # Safety
+    /// Each plan's buffers are alive and used by nobody else from when `source` hands
+    /// it out until its outcome is given back.
+    unsafe fn execute_all(&mut self, source: &mut dyn PlanSource) {
+        let Core { rank, world_size, transport, failed, group } = self;
+        let mut feed = PlanFeed {
+            rank: *rank,
+            world_size: *world_size,
+            failed,
+            group,
+            source,
+            running: VecDeque::new(),
         };
-        match self.transport.run(plan.spec, bufs) {
-            Ok(()) => {}
+        transport.run_pipelined(&mut feed);
+    }
+}
+
+/// Where [`Core::execute_all`] takes plans from and leaves their outcomes.
+trait PlanSource {
+    /// The next plan and an id for `done`.
+    fn next(&mut self) -> Option<(u64, Plan)>;
+    fn done(&mut self, id: u64, r: Result<()>);
+}
+
+/// One plan, for the blocking path.
+struct OnePlan {
+    plan: Option<Plan>,
+    outcome: Option<Result<()>>,
+}
+
+impl PlanSource for OnePlan {
+    fn next(&mut self) -> Option<(u64, Plan)> {
+        self.plan.take().map(|p| (0, p))
+    }
+    fn done(&mut self, _: u64, r: Result<()>) {
+        self.outcome = Some(r);
+    }
+}
+
+/// Plans turned into the transport's collectives: the buffers before (AllGather's own
+/// block), the failure state and AVG's divide after.
+struct PlanFeed<'c> {
+    rank: u16,
+    world_size: u16,
+    failed: &'c mut Option<String>,
+    group: &'c Arc<GroupShared>,
+    source: &'c mut dyn PlanSource,
+    /// Plans handed to the transport, oldest first.
+    running: VecDeque<(u64, Plan)>,
+}
+
+// The buffers' lifetime is the plans' contract (see `Core::execute_all`), not one the
+// compiler can see: any lifetime of the caller's choice.
+impl<'p> Feed<'p> for PlanFeed<'_> {
+    fn next(&mut self) -> Option<(u64, CollectiveSpec, OpBuffers<'p>)> {
+        loop {
+            let (id, plan) = self.source.next()?;
+            if let Some(why) = &self.failed {
+                self.source.done(id, Err(Error::Unusable("communicator", why.clone())));
+                continue;
+            }
+            // Safety: alive and unshared until its outcome, per `execute_all`'s contract.
+            let bufs = unsafe {
+                match plan.bufs {
+                    RawBufs::Separate { src, dst } => {
+                        let (src, dst) = (src.get(), dst.get());
+                        if plan.spec.kind == CollectiveKind::AllGather {
+                            // The network never sends a rank its own block.
+                            let at = usize::from(self.rank) * src.len();
+                            dst[at..at + src.len()].copy_from_slice(src);
+                        }
+                        OpBuffers::Separate { src, dst }
+                    }
+                    RawBufs::InPlace(b) => OpBuffers::InPlace(b.get()),
+                    RawBufs::SendOnly(b) => OpBuffers::SendOnly(b.get()),
+                    RawBufs::RecvOnly(b) => OpBuffers::RecvOnly(b.get()),
+                    RawBufs::None => OpBuffers::None,
+                }
+            };
+            let spec = plan.spec;
+            self.running.push_back((id, plan));
+            return Some((id, spec, bufs));
+        }
+    }
+
+    fn done(&mut self, id: u64, r: Result<()>) {
+        let at = self.running.iter().position(|(i, _)| *i == id);
+        let Some((_, plan)) = at.and_then(|at| self.running.remove(at)) else {
+            return;
+        };
+        let r = match r {
+            Ok(()) => {
+                if let Some((op, range)) = &plan.finalize {
+                    if let RawBufs::Separate { dst: b, .. }
+                    | RawBufs::InPlace(b)
+                    | RawBufs::RecvOnly(b) = plan.bufs
+                    {
+                        // Safety: as in `next`; the transport no longer holds the buffer.
+                        let result = unsafe { b.get() };
+                        inc_wire::reduce::finalize_native(
+                            *op,
+                            plan.spec.dtype,
+                            &mut result[range.clone()],
+                            self.world_size,
+                        );
+                    }
+                }
+                Ok(())
+            }
             Err(Error::Collective { rank, comm_id, mut reason }) => {
                 let dead = self.group.boot().dead_peers();
                 if !dead.is_empty() {
@@ -156,26 +252,12 @@ impl Core {
                     ));
                 }
                 warn!(rank, comm_id, %reason, "collective failed");
-                self.failed = Some(reason.clone());
-                return Err(Error::Collective { rank, comm_id, reason });
+                self.failed.get_or_insert_with(|| reason.clone());
+                Err(Error::Collective { rank, comm_id, reason })
             }
-            Err(e) => return Err(e),
-        }
-        if let Some((op, range)) = &plan.finalize {
-            let result = match plan.bufs {
-                RawBufs::Separate { dst: b, .. } | RawBufs::InPlace(b) | RawBufs::RecvOnly(b) => b,
-                RawBufs::SendOnly(_) | RawBufs::None => return Ok(()),
-            };
-            // Safety: as above; the transport no longer holds the buffer.
-            let result = unsafe { result.get() };
-            inc_wire::reduce::finalize_native(
-                *op,
-                plan.spec.dtype,
-                &mut result[range.clone()],
-                self.world_size,
-            );
-        }
-        Ok(())
+            Err(e) => Err(e),
+        };
+        self.source.done(id, r);
     }
 }
 
@@ -185,7 +267,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug, Default)]
 struct Queue {
     jobs: VecDeque<(u64, Plan)>,
-    running: Option<u64>,
+    /// Handed to the transport, not finished.
+    running: Vec<u64>,
     /// Outcomes not yet collected by `wait`.
     done: HashMap<u64, Result<()>>,
     shutdown: bool,
@@ -193,10 +276,10 @@ struct Queue {
 
 impl Queue {
     fn in_flight(&self) -> usize {
-        self.jobs.len() + usize::from(self.running.is_some())
+        self.jobs.len() + self.running.len()
     }
     fn is_pending(&self, id: u64) -> bool {
-        self.running == Some(id) || self.jobs.iter().any(|(j, _)| *j == id)
+        self.running.contains(&id) || self.jobs.iter().any(|(j, _)| *j == id)
     }
 }
 
@@ -295,27 +378,18 @@ impl Progress {
 impl Shared {
     fn work(&self) {
         loop {
-            let (id, plan) = {
+            {
                 let mut q = relock(&self.queue);
-                loop {
-                    if q.shutdown {
-                        return;
-                    }
-                    if let Some(job) = q.jobs.pop_front() {
-                        q.running = Some(job.0);
-                        break job;
-                    }
+                while q.jobs.is_empty() && !q.shutdown {
                     q = self.changed.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
-            };
+                if q.shutdown {
+                    return;
+                }
+            }
             // Safety: `submit`'s caller keeps the buffers for us until the request is
-            // reported complete, which happens only below.
-            let r = unsafe { relock(&self.core).execute(&plan) };
-            let mut q = relock(&self.queue);
-            q.running = None;
-            q.done.insert(id, r);
-            drop(q);
-            self.changed.notify_all();
+            // reported complete, which only `QueueSource::done` does.
+            unsafe { relock(&self.core).execute_all(&mut QueueSource { shared: self }) };
         }
     }
 
@@ -373,6 +447,32 @@ impl Shared {
             }
             q = self.changed.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
         }
+    }
+}
+
+/// The progress thread's plans: the queue's requests in start order, taken while the
+/// transport has room for them, so later ones join the collectives on the wire.
+struct QueueSource<'s> {
+    shared: &'s Shared,
+}
+
+impl PlanSource for QueueSource<'_> {
+    fn next(&mut self) -> Option<(u64, Plan)> {
+        let mut q = relock(&self.shared.queue);
+        if q.shutdown {
+            return None;
+        }
+        let (id, plan) = q.jobs.pop_front()?;
+        q.running.push(id);
+        Some((id, plan))
+    }
+
+    fn done(&mut self, id: u64, r: Result<()>) {
+        let mut q = relock(&self.shared.queue);
+        q.running.retain(|r| *r != id);
+        q.done.insert(id, r);
+        drop(q);
+        self.shared.changed.notify_all();
     }
 }
 

@@ -3,6 +3,8 @@
 //! Used directly by the ibverbs transport (the NIC provides RC) and wrapped by
 //! [`HostEngine`](crate::HostEngine) for the userspace RoCEv2 transport.
 
+use std::collections::VecDeque;
+
 use inc_protocol::coll::{self, CollOp, CtrlMsg, ErrorCode, MsgKind, PartOf};
 use inc_wire::{reduce, IncImm, Primitive};
 
@@ -64,8 +66,58 @@ pub struct CollectiveConfig {
     pub window: u32,
 }
 
+/// Collectives (calls, or parts of a blockwise call) a host keeps on the wire at once
+/// on one communicator. Half of the 8 a switch tracks per communicator: a switch
+/// retires a collective only once every connection below it confirmed it, so ranks run
+/// ahead of it, and a Start beyond its table is RNR-NAKed (the seeded simulation sees
+/// such RNRs in lossless runs at 8, none at 4).
+pub const MAX_IN_FLIGHT: usize = 4;
+
+/// The buffers of the calls a [`HostCollective`] holds: `call(i)` belongs to the `i`-th
+/// oldest call not yet reported by [`HostCollective::poll_completion`]. One
+/// [`OpBuffers`] serves a single call; a slice or deque serves several.
+pub trait CallBuffers<'a> {
+    /// The buffers of the `i`-th oldest call.
+    fn call(&self, i: usize) -> Option<&OpBuffers<'a>>;
+    /// The same, writable.
+    fn call_mut(&mut self, i: usize) -> Option<&mut OpBuffers<'a>>;
+}
+
+impl<'a> CallBuffers<'a> for OpBuffers<'a> {
+    fn call(&self, i: usize) -> Option<&OpBuffers<'a>> {
+        (i == 0).then_some(self)
+    }
+    fn call_mut(&mut self, i: usize) -> Option<&mut OpBuffers<'a>> {
+        (i == 0).then_some(self)
+    }
+}
+
+impl<'a> CallBuffers<'a> for [OpBuffers<'a>] {
+    fn call(&self, i: usize) -> Option<&OpBuffers<'a>> {
+        self.get(i)
+    }
+    fn call_mut(&mut self, i: usize) -> Option<&mut OpBuffers<'a>> {
+        self.get_mut(i)
+    }
+}
+
+impl<'a> CallBuffers<'a> for VecDeque<OpBuffers<'a>> {
+    fn call(&self, i: usize) -> Option<&OpBuffers<'a>> {
+        self.get(i)
+    }
+    fn call_mut(&mut self, i: usize) -> Option<&mut OpBuffers<'a>> {
+        self.get_mut(i)
+    }
+}
+
+/// Stands in for the buffers of a call the caller did not pass.
+static NO_BUFFERS: OpBuffers<'static> = OpBuffers::None;
+
+/// One collective on the wire: a whole call, or one part of a blockwise one.
 #[derive(Debug)]
 struct Active {
+    /// The call it belongs to.
+    call: u64,
     spec: CollectiveSpec,
     op: CollOp,
     seq: u32,
@@ -78,6 +130,11 @@ struct Active {
     sends_data: bool,
     /// Completion comes from result chunks (else from progress messages).
     gets_data: bool,
+    /// A Broadcast root sends nothing until every earlier collective completed here:
+    /// its chunks are not aggregated, so sent earlier they could reach another rank
+    /// ahead of an earlier collective's results, and data messages carry no sequence
+    /// number. (Contributions may go early: their results complete in stream order.)
+    waits_for_head: bool,
     next_send: u64,
     /// Chunks complete end to end (results received or progress reported).
     completed: u64,
@@ -86,18 +143,32 @@ struct Active {
     doomed: Option<HostError>,
 }
 
+/// One call of the caller: a collective, or a `ReduceScatter`/`AllGather` of
+/// `world_size` parts.
+#[derive(Debug)]
+struct Call {
+    id: u64,
+    spec: CollectiveSpec,
+    /// Part 0 of a blockwise call.
+    blocks: Option<Blocks>,
+    parts: u16,
+    begun: u16,
+    finished: u16,
+    /// Sequence number of part 0 (once begun).
+    first_seq: u32,
+    outcome: Option<Result<(), HostError>>,
+}
+
 /// Where a part of a `ReduceScatter` or `AllGather` stands: part `i` is a collective
 /// rooted at rank `i` over block `i` of the user's buffers.
 #[derive(Debug, Clone, Copy)]
 struct Blocks {
     /// The caller's collective.
     whole: CollectiveSpec,
-    /// The running part (= its root rank).
+    /// The part (= its root rank).
     part: u16,
     /// Bytes of one block.
     block_bytes: u64,
-    /// Sequence number of part 0.
-    first_seq: u32,
 }
 
 impl Blocks {
@@ -119,7 +190,7 @@ impl Blocks {
         }
     }
 
-    /// Byte offset of the running part's block in the send buffer.
+    /// Byte offset of the part's block in the send buffer.
     fn send_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
         match (self.whole.kind, bufs) {
             // AllGather's out-of-place source is the rank's one block.
@@ -128,7 +199,7 @@ impl Blocks {
         }
     }
 
-    /// Byte offset of the running part's block in the receive buffer.
+    /// Byte offset of the part's block in the receive buffer.
     fn recv_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
         match (self.whole.kind, bufs) {
             // ReduceScatter's out-of-place result is the rank's one block.
@@ -136,6 +207,16 @@ impl Blocks {
             _ => u64::from(self.part) * self.block_bytes,
         }
     }
+}
+
+/// What a collective puts on the wire, checked.
+struct WirePlan {
+    op: CollOp,
+    count: u64,
+    bytes: u64,
+    chunks: u64,
+    sends_data: bool,
+    gets_data: bool,
 }
 
 /// The bytes a rank sends from.
@@ -148,15 +229,26 @@ fn send_source<'a>(bufs: &'a OpBuffers<'_>) -> &'a [u8] {
 }
 
 /// The collective state machine of one rank in one communicator.
+///
+/// Calls run in start order. Up to [`MAX_IN_FLIGHT`] collectives are on the wire at
+/// once: the next one's Start and chunks follow the previous one's last chunk instead
+/// of its last result, within one window W counted over the communicator's stream
+/// positions, so the switches' slots stay O(W).
 #[derive(Debug)]
 pub struct HostCollective {
     cfg: CollectiveConfig,
+    /// Sequence number of the next collective to begin.
     seq: u32,
+    /// Stream position of the next collective to begin.
     next_pos: u64,
-    active: Option<Active>,
-    /// An Error for the collective we have not started yet.
+    /// Calls not yet reported, oldest first.
+    calls: VecDeque<Call>,
+    /// Id of the next call.
+    next_call: u64,
+    /// Collectives on the wire, in stream order.
+    active: VecDeque<Active>,
+    /// An Error for a collective we have not begun yet.
     early_error: Option<(u32, HostError)>,
-    done: Option<Result<(), HostError>>,
     counters: CollectiveCounters,
 }
 
@@ -167,9 +259,10 @@ impl HostCollective {
             cfg,
             seq: 0,
             next_pos: 0,
-            active: None,
+            calls: VecDeque::new(),
+            next_call: 0,
+            active: VecDeque::new(),
             early_error: None,
-            done: None,
             counters: CollectiveCounters::default(),
         }
     }
@@ -184,34 +277,58 @@ impl HostCollective {
         &self.counters
     }
 
-    /// Sequence number of the running (or next) collective.
+    /// Sequence number of the oldest collective on the wire (or of the next one).
     pub fn seq(&self) -> u32 {
-        self.active.as_ref().map_or(self.seq, |a| a.seq)
+        self.active.front().map_or(self.seq, |a| a.seq)
     }
 
-    /// True while a collective runs.
+    /// True while a call runs (started and without an outcome).
     pub fn is_active(&self) -> bool {
-        self.active.is_some()
+        self.calls.iter().any(|c| c.outcome.is_none())
     }
 
-    /// Chunks complete / total of the running collective.
+    /// Calls held: running, or finished and not yet reported.
+    pub fn calls(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether [`Self::enqueue`] takes another call.
+    pub fn has_room(&self) -> bool {
+        self.calls.len() < MAX_IN_FLIGHT
+    }
+
+    /// Chunks complete / total of the oldest collective on the wire.
     pub fn progress(&self) -> Option<(u64, u64)> {
-        self.active.as_ref().map(|a| (a.completed, a.chunks))
+        self.active.front().map(|a| (a.completed, a.chunks))
     }
 
     /// Receive buffers (of `mtu` bytes, or [`coll::HEADER_LEN`] if larger) a verbs host
-    /// must keep posted so the switch never meets an RNR in steady state.
+    /// must keep posted so the switch never meets an RNR in steady state, when it runs
+    /// one call at a time ([`Self::start`]).
     pub fn recv_depth(&self) -> u32 {
         2 * self.cfg.window + 8
     }
 
-    /// Starts a collective. Fails if one is running or the spec is invalid.
+    /// Starts a collective, the only call: fails while another one runs. An outcome
+    /// nobody collected is dropped.
     pub fn start(&mut self, spec: CollectiveSpec) -> Result<(), HostError> {
-        if let Some(a) = &self.active {
-            return Err(HostError::Busy { seq: a.seq });
+        while self.calls.front().is_some_and(|c| c.outcome.is_some()) {
+            self.calls.pop_front();
         }
-        self.done = None;
-        let (first, blocks) = if spec.kind.is_blockwise() {
+        if !self.calls.is_empty() {
+            return Err(HostError::Busy { seq: self.seq() });
+        }
+        self.enqueue(spec)
+    }
+
+    /// Starts a collective behind the calls already held (at most [`MAX_IN_FLIGHT`]);
+    /// outcomes come out of [`Self::poll_completion`] in call order, and the buffers
+    /// passed to the other methods are the calls' in that order ([`CallBuffers`]).
+    pub fn enqueue(&mut self, spec: CollectiveSpec) -> Result<(), HostError> {
+        if !self.has_room() {
+            return Err(HostError::Busy { seq: self.seq() });
+        }
+        let (first, blocks, parts) = if spec.kind.is_blockwise() {
             let block_bytes = spec
                 .count
                 .checked_mul(spec.dtype.size() as u64)
@@ -222,19 +339,33 @@ impl HostCollective {
                     self.cfg.world_size
                 )));
             }
-            let blocks = Blocks { whole: spec, part: 0, block_bytes, first_seq: self.seq };
-            (blocks.part_spec(), Some(blocks))
+            let blocks = Blocks { whole: spec, part: 0, block_bytes };
+            (blocks.part_spec(), Some(blocks), self.cfg.world_size)
         } else {
-            (spec, None)
+            (spec, None, 1)
         };
-        self.begin(first, blocks)?;
+        // Every part differs from the first only in its root, a rank of the
+        // communicator: checking the first checks them all.
+        self.wire_plan(first)?;
+        let id = self.next_call;
+        self.next_call += 1;
+        self.calls.push_back(Call {
+            id,
+            spec,
+            blocks,
+            parts,
+            begun: 0,
+            finished: 0,
+            first_seq: self.seq,
+            outcome: None,
+        });
         self.counters.started += 1;
+        self.pump();
         Ok(())
     }
 
-    /// Starts one collective on the wire: a whole collective or one part of a blockwise
-    /// one.
-    fn begin(&mut self, spec: CollectiveSpec, blocks: Option<Blocks>) -> Result<(), HostError> {
+    /// Checks a collective and works out what it puts on the wire.
+    fn wire_plan(&self, spec: CollectiveSpec) -> Result<WirePlan, HostError> {
         let (primitive, root) = match spec.kind {
             CollectiveKind::AllReduce | CollectiveKind::Barrier => {
                 (Primitive::AllReduce, IncImm::ALL_RANKS)
@@ -242,7 +373,7 @@ impl HostCollective {
             CollectiveKind::Reduce { root } => (Primitive::Reduce, root),
             CollectiveKind::Broadcast { root } => (Primitive::Broadcast, root),
             CollectiveKind::ReduceScatter | CollectiveKind::AllGather => {
-                unreachable!("blockwise collectives begin part by part")
+                unreachable!("blockwise collectives go on the wire part by part")
             }
         };
         if root != IncImm::ALL_RANKS && root >= self.cfg.world_size {
@@ -267,55 +398,121 @@ impl HostCollective {
             .checked_mul(elem)
             .ok_or_else(|| HostError::InvalidSpec(format!("count {count} overflows")))?;
         let chunks = coll::chunk_count(count, elem as usize, self.cfg.mtu);
-        let op = CollOp { primitive, operator, datatype: spec.dtype, root };
         let me = self.cfg.rank;
         let (sends_data, gets_data) = match spec.kind {
             CollectiveKind::Reduce { root } => (true, root == me),
             CollectiveKind::Broadcast { root } => (root == me, root != me),
             _ => (true, true),
         };
-        self.active = Some(Active {
-            spec: CollectiveSpec { count, ..spec },
-            op,
-            seq: self.seq,
-            start_pos: self.next_pos,
-            chunks,
-            bytes,
-            blocks,
-            start_sent: false,
-            sends_data,
-            gets_data,
-            next_send: 0,
-            completed: 0,
-            doomed: match self.early_error.take() {
-                Some((s, e)) if s == self.seq => Some(e),
+        let op = CollOp { primitive, operator, datatype: spec.dtype, root };
+        Ok(WirePlan { op, count, bytes, chunks, sends_data, gets_data })
+    }
+
+    /// Puts the next collectives on the wire, in call order and part order (the same
+    /// order on every rank), while fewer than [`MAX_IN_FLIGHT`] are.
+    fn pump(&mut self) {
+        while self.active.len() < MAX_IN_FLIGHT {
+            let Some(call) =
+                self.calls.iter_mut().find(|c| c.outcome.is_none() && c.begun < c.parts)
+            else {
+                return;
+            };
+            let part = call.begun;
+            call.begun += 1;
+            if part == 0 {
+                call.first_seq = self.seq;
+            }
+            let id = call.id;
+            let (spec, blocks) = match call.blocks {
+                Some(b) => {
+                    let b = Blocks { part, ..b };
+                    (b.part_spec(), Some(b))
+                }
+                None => (call.spec, None),
+            };
+            let wire = match self.wire_plan(spec) {
+                Ok(w) => w,
+                Err(e) => {
+                    self.fail_call(id, e);
+                    continue;
+                }
+            };
+            let seq = self.seq;
+            self.seq = seq.wrapping_add(1);
+            let start_pos = self.next_pos;
+            // The stream advances by this collective's chunks whatever its outcome, so
+            // later collectives stay aligned when only the operation disagreed.
+            self.next_pos += wire.chunks;
+            let doomed = match self.early_error.take() {
+                Some((s, e)) if s == seq => Some(e),
                 other => {
                     self.early_error = other;
                     None
                 }
-            },
-        });
-        Ok(())
+            };
+            let waits_for_head =
+                matches!(spec.kind, CollectiveKind::Broadcast { root } if root == self.cfg.rank);
+            self.active.push_back(Active {
+                call: id,
+                spec: CollectiveSpec { count: wire.count, ..spec },
+                op: wire.op,
+                seq,
+                start_pos,
+                chunks: wire.chunks,
+                bytes: wire.bytes,
+                blocks,
+                start_sent: false,
+                sends_data: wire.sends_data,
+                gets_data: wire.gets_data,
+                waits_for_head,
+                next_send: 0,
+                completed: 0,
+                doomed,
+            });
+        }
     }
 
-    /// Whether [`Self::poll_send`] has a message now (the Start, or data the window
+    /// Index into the caller's buffers of the call `id`.
+    fn call_index(&self, id: u64) -> usize {
+        self.calls.iter().position(|c| c.id == id).expect("an active collective's call is held")
+    }
+
+    /// The collective that sends next, if the window allows: the first one on the wire
+    /// with something left to send (a collective's messages follow the previous one's).
+    fn sender(&self) -> Option<usize> {
+        let front = self.active.front()?;
+        let limit = front.start_pos + front.completed + u64::from(self.cfg.window);
+        for (i, a) in self.active.iter().enumerate() {
+            if a.waits_for_head && i > 0 {
+                return None;
+            }
+            if !a.start_sent {
+                // A Start may carry the collective's one chunk: window it like one.
+                return (!a.sends_data || a.start_pos < limit).then_some(i);
+            }
+            if a.sends_data && a.next_send < a.chunks {
+                return (a.start_pos + a.next_send < limit).then_some(i);
+            }
+        }
+        None
+    }
+
+    /// Whether [`Self::poll_send`] has a message now (a Start, or data the window
     /// allows), so a caller can skip fetching a buffer for nothing.
     pub fn has_send(&self) -> bool {
-        self.active.as_ref().is_some_and(|a| {
-            !a.start_sent
-                || (a.sends_data
-                    && a.next_send < a.chunks
-                    && a.next_send < a.completed + u64::from(self.cfg.window))
-        })
+        self.sender().is_some()
     }
 
     /// Writes the next message to send into `out` (at least `mtu` bytes), if the window
     /// allows one.
-    pub fn poll_send(&mut self, bufs: &OpBuffers<'_>, out: &mut [u8]) -> Option<OutMessage> {
-        if !self.has_send() {
-            return None;
-        }
-        let a = self.active.as_mut()?;
+    pub fn poll_send<'a, B: CallBuffers<'a> + ?Sized>(
+        &mut self,
+        bufs: &B,
+        out: &mut [u8],
+    ) -> Option<OutMessage> {
+        let i = self.sender()?;
+        let bufs = bufs.call(self.call_index(self.active[i].call)).unwrap_or(&NO_BUFFERS);
+        let a = &mut self.active[i];
         if !a.start_sent {
             let msg = CtrlMsg::Start {
                 seq: a.seq,
@@ -326,6 +523,7 @@ impl HostCollective {
                 part_of: a.blocks.map_or(PartOf::Whole, |b| b.part_of()),
             };
             a.start_sent = true;
+            let (call, doomed) = (a.call, a.doomed.take());
             self.counters.tx_control += 1;
             // A collective of one chunk that fits behind the header goes as one message
             // (a send buffer too short fails the collective after a plain Start, as for
@@ -337,25 +535,25 @@ impl HostCollective {
                     >= a.blocks.map_or(0, |b| b.send_offset(bufs)) + a.bytes;
             let sent = if with_data {
                 let imm = msg.emit_start_with_data(&a.op, out);
-                self.write_chunk(bufs, &mut out[coll::HEADER_LEN..])
+                self.write_chunk(i, bufs, &mut out[coll::HEADER_LEN..])
                     .map(|len| OutMessage { imm: Some(imm), len: coll::HEADER_LEN + len })
             } else {
                 msg.emit(out);
                 Some(OutMessage { imm: Some(a.op.imm(MsgKind::Start)), len: coll::HEADER_LEN })
             };
-            if let Some(e) = self.active.as_mut().and_then(|a| a.doomed.take()) {
-                self.fail(e);
+            if let Some(e) = doomed {
+                self.fail_call(call, e);
             }
             return sent;
         }
-        self.write_chunk(bufs, out).map(|len| OutMessage { imm: None, len })
+        self.write_chunk(i, bufs, out).map(|len| OutMessage { imm: None, len })
     }
 
-    /// Writes the next data chunk, in network byte order, to the front of `out`;
-    /// returns its length (`None`, and the collective failed, if the user's buffer is
-    /// too short).
-    fn write_chunk(&mut self, bufs: &OpBuffers<'_>, out: &mut [u8]) -> Option<usize> {
-        let a = self.active.as_mut()?;
+    /// Writes the next data chunk of collective `i`, in network byte order, to the
+    /// front of `out`; returns its length (`None`, and the call failed, if the user's
+    /// buffer is too short).
+    fn write_chunk(&mut self, i: usize, bufs: &OpBuffers<'_>, out: &mut [u8]) -> Option<usize> {
+        let a = &mut self.active[i];
         let (off, len) = coll::chunk_range(a.next_send, a.bytes, self.cfg.mtu);
         if len > 0 {
             let src = send_source(bufs);
@@ -363,7 +561,9 @@ impl HostCollective {
             let off = base + off;
             let Some(chunk) = usize::try_from(off).ok().and_then(|o| src.get(o..o + len)) else {
                 let need = base + a.bytes;
-                self.fail(HostError::Buffer { what: "send buffer", need, have: src.len() as u64 });
+                let call = a.call;
+                let e = HostError::Buffer { what: "send buffer", need, have: src.len() as u64 };
+                self.fail_call(call, e);
                 return None;
             };
             reduce::to_network(a.spec.dtype, chunk, &mut out[..len]);
@@ -374,11 +574,11 @@ impl HostCollective {
     }
 
     /// Handles one received message (immediate and payload).
-    pub fn handle_message(
+    pub fn handle_message<'a, B: CallBuffers<'a> + ?Sized>(
         &mut self,
         imm: Option<u32>,
         payload: &[u8],
-        bufs: &mut OpBuffers<'_>,
+        bufs: &mut B,
     ) -> Delivery {
         match imm {
             Some(imm) => {
@@ -395,57 +595,62 @@ impl HostCollective {
             return;
         };
         if let CtrlMsg::Error { seq, .. } = msg {
-            // An Error for a collective we have not started (it can overtake the last
-            // message of the running one): keep it for when that collective starts.
-            let next = self.active.as_ref().map_or(self.seq, |a| a.seq.wrapping_add(1));
-            if seq.wrapping_sub(next) < 1 << 30 {
+            // An Error for a collective we have not begun (it can overtake the last
+            // message of a running one): keep it for when that collective begins.
+            if seq.wrapping_sub(self.seq) < 1 << 30 {
                 if self.early_error.as_ref().is_none_or(|(s, _)| seq.wrapping_sub(*s) >= 1 << 30) {
                     self.early_error = Some((seq, error_of(msg)));
                 }
                 return;
             }
         }
-        let Some(a) = self.active.as_mut() else {
-            self.counters.rx_unexpected += 1;
-            return;
-        };
-        if msg.seq() != a.seq {
-            // An Error for an earlier part of the running ReduceScatter or AllGather
-            // (this rank finished that part before the Error reached it) fails
-            // the whole call.
-            if let (CtrlMsg::Error { seq, .. }, Some(b)) = (msg, a.blocks) {
-                if seq.wrapping_sub(b.first_seq) < a.seq.wrapping_sub(b.first_seq) {
-                    self.fail(error_of(msg));
+        let Some(i) = self.active.iter().position(|a| a.seq == msg.seq()) else {
+            // An Error for an earlier part of a running ReduceScatter or AllGather (this
+            // rank finished that part before the Error reached it) fails the whole call.
+            if let CtrlMsg::Error { seq, .. } = msg {
+                let running = self.calls.iter().find(|c| {
+                    c.outcome.is_none()
+                        && c.blocks.is_some()
+                        && seq.wrapping_sub(c.first_seq) < u32::from(c.begun)
+                });
+                if let Some(id) = running.map(|c| c.id) {
+                    self.fail_call(id, error_of(msg));
                     return;
                 }
             }
             self.counters.rx_unexpected += 1;
             return;
-        }
+        };
+        let a = &mut self.active[i];
         match msg {
             CtrlMsg::Progress { completed, .. } if !a.gets_data => {
                 self.counters.rx_progress += 1;
                 a.completed = a.completed.max(completed.min(a.chunks));
-                self.check_done();
+                self.check_done(i);
             }
-            CtrlMsg::Error { .. } => self.fail(error_of(msg)),
+            CtrlMsg::Error { .. } => {
+                let call = a.call;
+                self.fail_call(call, error_of(msg));
+            }
             _ => self.counters.rx_unexpected += 1,
         }
     }
 
-    fn handle_data(&mut self, payload: &[u8], bufs: &mut OpBuffers<'_>) -> Delivery {
-        let Some(a) = self.active.as_mut() else {
+    fn handle_data<'a, B: CallBuffers<'a> + ?Sized>(
+        &mut self,
+        payload: &[u8],
+        bufs: &mut B,
+    ) -> Delivery {
+        // Data for this rank arrives in stream order (see `Active::waits_for_head`):
+        // it belongs to the oldest collective still expecting some.
+        let Some(i) = self.active.iter().position(|a| a.gets_data && a.completed < a.chunks) else {
+            // Nothing running expects data: it belongs to a collective not started yet.
             self.counters.not_ready += 1;
             return Delivery::NotReady;
         };
-        if !a.gets_data || a.completed >= a.chunks {
-            // Nothing of this collective is data for us: it belongs to the next one.
-            self.counters.not_ready += 1;
-            return Delivery::NotReady;
-        }
+        let call_index = self.call_index(self.active[i].call);
+        let a = &mut self.active[i];
         let (off, len) = coll::chunk_range(a.completed, a.bytes, self.cfg.mtu);
-        let base = a.blocks.map_or(0, |b| b.recv_offset(bufs));
-        let off = base + off;
         if payload.len() != len {
             let e = HostError::Protocol(format!(
                 "chunk {} of collective {} has {} bytes, expected {len}",
@@ -453,10 +658,15 @@ impl HostCollective {
                 a.seq,
                 payload.len()
             ));
-            self.fail(e);
+            let call = a.call;
+            self.fail_call(call, e);
             return Delivery::Accepted;
         }
         if len > 0 {
+            let mut none = OpBuffers::None;
+            let bufs = bufs.call_mut(call_index).unwrap_or(&mut none);
+            let base = a.blocks.map_or(0, |b| b.recv_offset(bufs));
+            let off = base + off;
             let dst: &mut [u8] = match bufs {
                 OpBuffers::Separate { dst, .. } | OpBuffers::RecvOnly(dst) => dst,
                 OpBuffers::InPlace(b) => b,
@@ -465,63 +675,70 @@ impl HostCollective {
             let have = dst.len() as u64;
             let Some(out) = usize::try_from(off).ok().and_then(|o| dst.get_mut(o..o + len)) else {
                 let need = base + a.bytes;
-                self.fail(HostError::Buffer { what: "receive buffer", need, have });
+                let call = a.call;
+                self.fail_call(call, HostError::Buffer { what: "receive buffer", need, have });
                 return Delivery::Accepted;
             };
             reduce::from_network(a.spec.dtype, payload, out);
         }
         a.completed += 1;
         self.counters.rx_chunks += 1;
-        self.check_done();
+        self.check_done(i);
         Delivery::Accepted
     }
 
-    fn check_done(&mut self) {
-        if let Some(a) = &self.active {
-            if a.start_sent && a.completed >= a.chunks && (!a.sends_data || a.next_send >= a.chunks)
-            {
-                self.finish(Ok(()));
+    /// Finishes collective `i` if everything of it happened.
+    fn check_done(&mut self, i: usize) {
+        let a = &self.active[i];
+        if !(a.start_sent && a.completed >= a.chunks && (!a.sends_data || a.next_send >= a.chunks))
+        {
+            return;
+        }
+        let Some(a) = self.active.remove(i) else { return };
+        if let Some(call) = self.calls.iter_mut().find(|c| c.id == a.call) {
+            call.finished += 1;
+            if call.finished == call.parts && call.outcome.is_none() {
+                call.outcome = Some(Ok(()));
+                self.counters.completed += 1;
             }
         }
+        self.pump();
     }
 
-    fn finish(&mut self, r: Result<(), HostError>) {
-        if let Some(a) = self.active.take() {
-            // The stream advances by this collective's chunks whatever the outcome, so
-            // later collectives stay aligned when only the operation disagreed.
-            self.seq = a.seq.wrapping_add(1);
-            self.next_pos = a.start_pos + a.chunks;
-            if let (Ok(()), Some(blocks)) = (&r, a.blocks) {
-                if blocks.part + 1 < self.cfg.world_size {
-                    let next = Blocks { part: blocks.part + 1, ..blocks };
-                    // Valid: the first part passed the same checks.
-                    if let Err(e) = self.begin(next.part_spec(), Some(next)) {
-                        self.done = Some(Err(e));
-                        self.counters.failed += 1;
-                    }
-                    return;
-                }
+    /// Fails call `id`: its collectives leave the wire (the stream keeps their
+    /// positions), its parts not begun never will be.
+    fn fail_call(&mut self, id: u64, e: HostError) {
+        self.active.retain(|a| a.call != id);
+        if let Some(call) = self.calls.iter_mut().find(|c| c.id == id) {
+            if call.outcome.is_none() {
+                tracing::warn!(
+                    rank = self.cfg.rank,
+                    seq = call.first_seq,
+                    "collective failed: {e}"
+                );
+                call.outcome = Some(Err(e));
+                self.counters.failed += 1;
             }
-            match &r {
-                Ok(()) => self.counters.completed += 1,
-                Err(e) => {
-                    tracing::warn!(rank = self.cfg.rank, seq = a.seq, "collective failed: {e}");
-                    self.counters.failed += 1;
-                }
-            }
-            self.done = Some(r);
         }
+        self.pump();
     }
 
-    /// Fails the running collective with `e` (used by the RC layer for timeouts and
-    /// connection failures).
+    /// Fails every running call with `e` (used by the RC layer for timeouts and
+    /// connection failures: the QP's state is unknown).
     pub fn fail(&mut self, e: HostError) {
-        self.finish(Err(e));
+        let running: Vec<u64> =
+            self.calls.iter().filter(|c| c.outcome.is_none()).map(|c| c.id).collect();
+        for id in running {
+            self.fail_call(id, e.clone());
+        }
     }
 
-    /// The outcome of the last collective, once.
+    /// The outcome of the oldest call, once it has one (outcomes come in call order).
     pub fn poll_completion(&mut self) -> Option<Result<(), HostError>> {
-        self.done.take()
+        if self.calls.front()?.outcome.is_some() {
+            return self.calls.pop_front().and_then(|c| c.outcome);
+        }
+        None
     }
 }
 
@@ -721,6 +938,54 @@ mod tests {
         c.start(spec(CollectiveKind::AllReduce, 4)).unwrap();
         assert!(c.poll_send(&OpBuffers::SendOnly(&src), &mut out).is_some());
         assert!(matches!(c.poll_completion(), Some(Err(HostError::Mismatch { seq: 1, .. }))));
+    }
+
+    /// Calls in flight: the second call's Start and chunks follow the first's last chunk
+    /// before the first completes, within one window over the stream; a Broadcast root
+    /// waits until it is the oldest; outcomes come in call order with each call's
+    /// buffers.
+    #[test]
+    fn calls_pipeline_within_one_window() {
+        let mut c =
+            HostCollective::new(CollectiveConfig { rank: 0, world_size: 2, mtu: 256, window: 3 });
+        let a: Vec<u8> = (0..128u32).flat_map(|x| x.to_ne_bytes()).collect(); // 2 chunks
+        let b: Vec<u8> = (0..192u32).flat_map(|x| (x + 7).to_ne_bytes()).collect(); // 3
+        let (mut out_a, mut out_b) = (vec![0u8; a.len()], vec![0u8; b.len()]);
+        c.enqueue(spec(CollectiveKind::AllReduce, 128)).unwrap();
+        c.enqueue(spec(CollectiveKind::AllReduce, 192)).unwrap();
+        c.enqueue(spec(CollectiveKind::Broadcast { root: 0 }, 64)).unwrap();
+        assert!(matches!(c.start(spec(CollectiveKind::Barrier, 0)), Err(HostError::Busy { .. })));
+        let mut bufs = vec![
+            OpBuffers::Separate { src: &a, dst: &mut out_a },
+            OpBuffers::Separate { src: &b, dst: &mut out_b },
+            OpBuffers::SendOnly(&a[..256]),
+        ];
+        let mut out = vec![0u8; 256];
+        let mut sent = Vec::new();
+        while let Some(m) = c.poll_send(&bufs[..], &mut out) {
+            sent.push((m.imm, out[..m.len].to_vec()));
+        }
+        // Start 0, chunks 0-1, Start 1, chunk 2 (position 2): the window of 3 is full.
+        assert_eq!(sent.len(), 5, "{sent:?}");
+        let (_, second) = CtrlMsg::parse(sent[3].0.unwrap(), &sent[3].1).unwrap();
+        assert!(matches!(second, CtrlMsg::Start { seq: 1, start_pos: 2, chunks: 3, .. }));
+        // The first call's results: its two chunks complete, the window moves by two.
+        c.handle_message(None, &sent[1].1, &mut bufs[..]);
+        c.handle_message(None, &sent[2].1, &mut bufs[..]);
+        while let Some(m) = c.poll_send(&bufs[..], &mut out) {
+            sent.push((m.imm, out[..m.len].to_vec()));
+        }
+        assert_eq!(sent.len(), 7, "the rest of call 1; the Broadcast root waits");
+        for k in [4, 5, 6] {
+            c.handle_message(None, &sent[k].1, &mut bufs[..]);
+        }
+        assert_eq!(c.poll_completion(), Some(Ok(())));
+        assert_eq!(c.poll_completion(), Some(Ok(())));
+        bufs.drain(..2);
+        let m = c.poll_send(&bufs[..], &mut out).expect("the Broadcast goes once it is oldest");
+        assert!(m.imm.is_some(), "its Start");
+        assert_eq!(c.poll_completion(), None);
+        assert_eq!((out_a, out_b), (a.clone(), b));
     }
 
     #[test]

@@ -7,8 +7,10 @@ use inc_protocol::{
 };
 use inc_wire::{Opcode, Psn};
 
-use crate::collective::{CollectiveConfig, CollectiveCounters, Delivery, HostCollective};
-use crate::{CollectiveSpec, HostError, HostQpConfig, OpBuffers};
+use crate::collective::{
+    CallBuffers, CollectiveConfig, CollectiveCounters, Delivery, HostCollective, MAX_IN_FLIGHT,
+};
+use crate::{CollectiveSpec, HostError, HostQpConfig};
 
 /// Tunables of a [`HostEngine`] beyond [`HostQpConfig`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,8 +89,8 @@ impl HostEngine {
             send_start_psn: Psn::new(config.local_start_psn),
             recv_start_psn: Psn::new(config.switch_start_psn),
             max_payload: mtu.max(inc_protocol::coll::HEADER_LEN),
-            // W data chunks plus the control message.
-            send_queue: window as usize + 2,
+            // W data chunks plus the Start of every collective in flight.
+            send_queue: window as usize + 2 + MAX_IN_FLIGHT,
             timers: inc_protocol::timers_for_window(opts.timers, window as usize),
         });
         let coll = HostCollective::new(CollectiveConfig {
@@ -117,22 +119,42 @@ impl HostEngine {
         &self.coll
     }
 
-    /// Starts a collective; drive it with the other methods until
+    /// Starts a collective, the only call; drive it with the other methods until
     /// [`poll_completion`](Self::poll_completion) yields.
     pub fn start(&mut self, now: Time, spec: CollectiveSpec) -> Result<(), HostError> {
-        if let Some(f) = self.rc.failure() {
-            return Err(HostError::ConnectionFailed {
-                psn: f.psn().value(),
-                reason: f.to_string(),
-            });
-        }
+        self.check_connection()?;
         self.coll.start(spec)?;
         self.last_progress = now;
         Ok(())
     }
 
+    /// Starts a collective behind the calls already held (at most
+    /// [`MAX_IN_FLIGHT`](crate::MAX_IN_FLIGHT), see [`HostCollective::enqueue`]): the
+    /// buffers passed to the other methods are then the held calls', oldest first.
+    pub fn enqueue(&mut self, now: Time, spec: CollectiveSpec) -> Result<(), HostError> {
+        self.check_connection()?;
+        if !self.coll.is_active() {
+            self.last_progress = now;
+        }
+        self.coll.enqueue(spec)
+    }
+
+    fn check_connection(&self) -> Result<(), HostError> {
+        match self.rc.failure() {
+            Some(f) => {
+                Err(HostError::ConnectionFailed { psn: f.psn().value(), reason: f.to_string() })
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Handles one received Ethernet frame.
-    pub fn handle_frame(&mut self, now: Time, frame: &[u8], bufs: &mut OpBuffers<'_>) {
+    pub fn handle_frame<'a, B: CallBuffers<'a> + ?Sized>(
+        &mut self,
+        now: Time,
+        frame: &[u8],
+        bufs: &mut B,
+    ) {
         self.counters.rx_frames += 1;
         let parsed = match frame::parse_any_port(frame) {
             Ok(p) => p,
@@ -180,11 +202,11 @@ impl HostEngine {
     }
 
     /// Writes the next frame to send into `buf` (at least `mtu + 70` bytes).
-    pub fn poll_transmit(
+    pub fn poll_transmit<'a, B: CallBuffers<'a> + ?Sized>(
         &mut self,
         now: Time,
         buf: &mut [u8],
-        bufs: &OpBuffers<'_>,
+        bufs: &B,
     ) -> Option<usize> {
         if let Some(len) = self.rc.poll_transmit(now, buf) {
             self.counters.tx_frames += 1;
@@ -251,7 +273,7 @@ impl HostEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CollectiveKind, DataType, Operator};
+    use crate::{CollectiveKind, DataType, OpBuffers, Operator};
 
     /// A silent switch: the wait is bounded and the error names the stalled PSN.
     #[test]

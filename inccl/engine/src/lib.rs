@@ -15,7 +15,10 @@ mod engine;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-pub use collective::{CollectiveConfig, CollectiveCounters, Delivery, HostCollective, OutMessage};
+pub use collective::{
+    CallBuffers, CollectiveConfig, CollectiveCounters, Delivery, HostCollective, OutMessage,
+    MAX_IN_FLIGHT,
+};
 pub use engine::{HostCounters, HostEngine, HostOptions};
 pub use inc_protocol::Time;
 pub use inc_wire::{DataType, EthernetAddress, Operator};

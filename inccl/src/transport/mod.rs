@@ -23,6 +23,23 @@ pub(crate) trait Transport: Send + std::fmt::Debug {
     fn connect(&mut self, ep: &HostEndpoint, world_size: u16) -> Result<()>;
     /// Run one collective to completion (bounded: no progress for `op_timeout` fails).
     fn run(&mut self, spec: CollectiveSpec, bufs: OpBuffers<'_>) -> Result<()>;
+    /// Run the collectives `feed` hands out, in its order, until it has no more and each
+    /// has its outcome; where the transport can, several are on the wire at once.
+    fn run_pipelined<'a>(&mut self, feed: &mut dyn Feed<'a>) {
+        while let Some((id, spec, bufs)) = feed.next() {
+            let r = self.run(spec, bufs);
+            feed.done(id, r);
+        }
+    }
+}
+
+/// What a pipelined run takes its collectives from and gives their outcomes to.
+pub(crate) trait Feed<'a> {
+    /// The next collective (an id for `done`, the spec, the caller's buffers), if one
+    /// is waiting.
+    fn next(&mut self) -> Option<(u64, CollectiveSpec, OpBuffers<'a>)>;
+    /// Collective `id` finished (in the order they were handed out).
+    fn done(&mut self, id: u64, r: Result<()>);
 }
 
 /// Create the transport chosen in `cfg` for `rank`.

@@ -239,14 +239,19 @@ pub struct HostQp {
     pub engine: HostEngine,
     /// Collectives not started yet.
     pub pending: VecDeque<Job>,
-    /// The running collective and its start time.
-    pub current: Option<(Job, Nanos)>,
+    /// The running collectives, oldest first, with their start times: jobs without a
+    /// delay go on behind the running ones (as non-blocking calls do), up to what the
+    /// engine holds; a job with a delay waits for them all, then computes.
+    pub current: VecDeque<(Job, Nanos)>,
     /// Finished collectives, in order.
     pub outcomes: Vec<Outcome>,
     /// First error (a failed start or completion), with the collective index.
     pub error: Option<String>,
     /// When the next collective starts (its [`Job::delay`] is running).
     pub start_at: Option<Nanos>,
+    /// The engine refused the next collective while others ran: it is tried again
+    /// when they finished.
+    pub retry_when_idle: bool,
     /// The communicator exists: its rules are installed and its collectives may start.
     pub active: bool,
     /// The communicator was destroyed: the engine is no longer driven (its QP is gone,
@@ -261,10 +266,16 @@ impl HostQp {
             if self.error.is_some() || !self.active {
                 return;
             }
-            if let Some((job, started)) = &mut self.current {
-                match self.engine.poll_completion() {
-                    None => return,
-                    Some(Err(e)) => {
+            while let Some(done) = self.engine.poll_completion() {
+                let Some((mut job, started)) = self.current.pop_front() else {
+                    self.error = Some(format!(
+                        "comm {} rank {}: an outcome with no collective running",
+                        self.comm, self.rank
+                    ));
+                    return;
+                };
+                match done {
+                    Err(e) => {
                         self.error = Some(format!(
                             "comm {} rank {}: collective #{} ({}) failed at t={now}ns: {e}",
                             self.comm,
@@ -274,7 +285,7 @@ impl HostQp {
                         ));
                         return;
                     }
-                    Some(Ok(())) => {
+                    Ok(()) => {
                         let (_, receives) = role(&job.case, self.rank);
                         let world = self.engine.config().world_size;
                         let output = match receives.then(|| job.result(self.rank, world)) {
@@ -292,24 +303,37 @@ impl HostQp {
                                 return;
                             }
                         };
-                        let started = *started;
                         let index = job.index;
                         self.outcomes.push(Outcome { index, output, started, finished: now });
-                        self.current = None;
                     }
                 }
             }
             let Some(next) = self.pending.front() else { return };
-            match self.start_at {
-                None if next.delay > 0 => {
-                    self.start_at = Some(now + next.delay);
+            if !self.engine.collective().has_room() {
+                return;
+            }
+            if next.delay > 0 || self.retry_when_idle {
+                if !self.current.is_empty() {
                     return;
                 }
-                Some(t) if now < t => return,
-                _ => self.start_at = None,
+                match self.start_at {
+                    None => {
+                        self.start_at = Some(now + next.delay);
+                        return;
+                    }
+                    Some(t) if now < t => return,
+                    _ => self.start_at = None,
+                }
             }
             let job = self.pending.pop_front().expect("front exists");
-            if let Err(e) = self.engine.start(time(now), engine_spec(&job.case)) {
+            if let Err(e) = self.engine.enqueue(time(now), engine_spec(&job.case)) {
+                if !self.current.is_empty() {
+                    // A refused start changes nothing: try again once the running ones
+                    // finished, so the rank ends like a blocking caller would.
+                    self.pending.push_front(job);
+                    self.retry_when_idle = true;
+                    return;
+                }
                 self.error = Some(format!(
                     "comm {} rank {}: starting collective #{} ({}) failed: {e}",
                     self.comm,
@@ -319,13 +343,14 @@ impl HostQp {
                 ));
                 return;
             }
-            self.current = Some((job, now));
+            self.retry_when_idle = false;
+            self.current.push_back((job, now));
         }
     }
 
     /// True when every collective finished or one failed.
     pub fn finished(&self) -> bool {
-        self.error.is_some() || (self.current.is_none() && self.pending.is_empty())
+        self.error.is_some() || (self.current.is_empty() && self.pending.is_empty())
     }
 }
 
@@ -410,10 +435,11 @@ impl HostNode {
             qpn: reg.qpn,
             engine: HostEngine::new(config),
             pending: jobs.into(),
-            current: None,
+            current: VecDeque::new(),
             outcomes: Vec::new(),
             error: None,
             start_at: None,
+            retry_when_idle: false,
             active: false,
             destroyed: false,
         });
@@ -468,10 +494,9 @@ impl Node for HostNode {
         };
         let Some(qp) = self.qps.get_mut(i) else { return };
         let rank = qp.rank;
-        match &mut qp.current {
-            Some((job, _)) => qp.engine.handle_frame(time(now), frame, &mut job.bufs(rank)),
-            None => qp.engine.handle_frame(time(now), frame, &mut OpBuffers::None),
-        }
+        let mut bufs: Vec<OpBuffers<'_>> =
+            qp.current.iter_mut().map(|(job, _)| job.bufs(rank)).collect();
+        qp.engine.handle_frame(time(now), frame, &mut bufs[..]);
         qp.service(now);
     }
 
@@ -500,10 +525,9 @@ impl Node for HostNode {
                 continue;
             }
             let rank = qp.rank;
-            let sent = match &mut qp.current {
-                Some((job, _)) => qp.engine.poll_transmit(time(now), buf, &job.bufs(rank)),
-                None => qp.engine.poll_transmit(time(now), buf, &OpBuffers::None),
-            };
+            let bufs: Vec<OpBuffers<'_>> =
+                qp.current.iter_mut().map(|(job, _)| job.bufs(rank)).collect();
+            let sent = qp.engine.poll_transmit(time(now), buf, &bufs[..]);
             if let Some(len) = sent {
                 self.next_tx = (i + 1) % n;
                 return Some((0, len));

@@ -768,7 +768,7 @@ fn dump(fabric: &Fabric<SimNode>, runs: &[CommRun]) -> String {
         match n {
             SimNode::Host(h) => {
                 for q in &h.qps {
-                    let cur = q.current.as_ref().map(|(j, t)| {
+                    let cur = q.current.front().map(|(j, t)| {
                         let (done, total) = q.engine.collective().progress().unwrap_or((0, 0));
                         format!(
                             "running #{} ({}) since t={t}ns, {done}/{total} chunks",

@@ -31,6 +31,7 @@ mod send;
 mod socket;
 mod sys;
 
+use std::collections::VecDeque;
 use std::net::SocketAddrV4;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -48,7 +49,7 @@ use self::port::{Attachment, SharedPort};
 use self::qp::{lock, progress_loop, Core, Progress};
 use self::send::GsoPath;
 use self::socket::bind_socket;
-use super::{random_qpn_psn, Transport};
+use super::{random_qpn_psn, Feed, Transport};
 use crate::config::CommConfig;
 use crate::error::{Error, Result};
 use crate::iface::DataPlane;
@@ -182,33 +183,92 @@ impl Transport for UdpTransport {
     }
 
     fn run(&mut self, spec: CollectiveSpec, bufs: OpBuffers<'_>) -> Result<()> {
+        let mut one = OneShot { call: Some((spec, bufs)), outcome: None };
+        self.run_pipelined(&mut one);
+        one.outcome.unwrap_or_else(|| Err(Error::Unusable("collective", "it never ran".into())))
+    }
+
+    fn run_pipelined<'a>(&mut self, feed: &mut dyn Feed<'a>) {
         let Some(core) = self.core.clone() else {
-            return Err(Error::Unusable("communicator", "its QP is not connected".into()));
+            while let Some((id, ..)) = feed.next() {
+                let why = "its QP is not connected".to_string();
+                feed.done(id, Err(Error::Unusable("communicator", why)));
+            }
+            return;
         };
-        // Held for the whole collective: the progress thread only runs between them.
+        // Held for the whole run: the progress thread only runs between runs.
         let mut c = lock(&core);
-        let result = self.drive(&mut c, spec, bufs);
+        let mut held = Held::default();
+        if let Err(e) = self.drive(&mut c, feed, &mut held) {
+            // The QP's state is unknown: everything still on it fails with the reason.
+            for (id, _) in held.calls.drain(..) {
+                feed.done(id, Err(self.fail(e.clone())));
+            }
+            held.bufs.clear();
+        }
         c.last_collective = Instant::now();
-        result
+    }
+}
+
+/// The calls a pipelined run holds on the engine, oldest first, with their buffers.
+#[derive(Default)]
+struct Held<'a> {
+    calls: VecDeque<(u64, CollectiveSpec)>,
+    bufs: VecDeque<OpBuffers<'a>>,
+}
+
+/// A feed of one collective, for the blocking [`Transport::run`].
+struct OneShot<'a> {
+    call: Option<(CollectiveSpec, OpBuffers<'a>)>,
+    outcome: Option<Result<()>>,
+}
+
+impl<'a> Feed<'a> for OneShot<'a> {
+    fn next(&mut self) -> Option<(u64, CollectiveSpec, OpBuffers<'a>)> {
+        self.call.take().map(|(spec, bufs)| (0, spec, bufs))
+    }
+    fn done(&mut self, _: u64, r: Result<()>) {
+        self.outcome = Some(r);
     }
 }
 
 impl UdpTransport {
-    /// Runs one collective to its end on the locked QP.
-    fn drive(&self, c: &mut Core, spec: CollectiveSpec, mut bufs: OpBuffers<'_>) -> Result<()> {
-        let now = c.now();
-        c.engine.start(now, spec).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    /// Runs what `feed` hands out on the locked QP, up to the engine's limit at once,
+    /// until the feed is empty and every call finished. An `Err` is a failure of the
+    /// QP (the calls still in `held` have no outcome yet).
+    fn drive<'a>(
+        &self,
+        c: &mut Core,
+        feed: &mut dyn Feed<'a>,
+        held: &mut Held<'a>,
+    ) -> std::result::Result<(), String> {
         // Backstop for the engine's own progress timeout (which names the stalled PSN
         // and fires first): give up if nothing at all arrives for longer.
         let stall_limit = self.op_timeout + Duration::from_secs(1);
         let mut last_rx = Instant::now();
         loop {
-            c.flush(&bufs).map_err(|e| {
-                self.fail(format!("sending to switch {} from {}: {e}", c.switch, self.local))
-            })?;
-            if let Some(done) = c.engine.poll_completion() {
-                trace!(stats = ?c.io.stats(), "collective finished");
-                return done.map_err(|e| self.fail(e.to_string()));
+            while c.engine.collective().has_room() {
+                let Some((id, spec, bufs)) = feed.next() else { break };
+                let now = c.now();
+                match c.engine.enqueue(now, spec) {
+                    Ok(()) => {
+                        if held.calls.is_empty() {
+                            last_rx = Instant::now();
+                        }
+                        held.calls.push_back((id, spec));
+                        held.bufs.push_back(bufs);
+                    }
+                    Err(e) => feed.done(id, Err(Error::InvalidArgument(e.to_string()))),
+                }
+            }
+            if held.calls.is_empty() {
+                return Ok(());
+            }
+            c.flush(&held.bufs)
+                .map_err(|e| format!("sending to switch {} from {}: {e}", c.switch, self.local))?;
+            self.collect(c, feed, held);
+            if held.calls.is_empty() {
+                continue;
             }
             let stall_left = stall_limit.saturating_sub(last_rx.elapsed());
             // A due timer makes this zero: the wait returns at once and `fire_timers`
@@ -217,25 +277,24 @@ impl UdpTransport {
             let readable = c
                 .busy_poll(self.busy_poll.min(wait_for))
                 .and_then(|ready| if ready { Ok(true) } else { c.wait_readable(wait_for) })
-                .map_err(|e| self.fail(format!("poll on {}: {e}", self.local)))?;
+                .map_err(|e| format!("poll on {}: {e}", self.local))?;
             if readable {
                 let n = c
-                    .receive(&mut bufs)
-                    .map_err(|e| self.fail(format!("receiving on {}: {e}", self.local)))?;
+                    .receive(&mut held.bufs)
+                    .map_err(|e| format!("receiving on {}: {e}", self.local))?;
                 if n > 0 {
                     last_rx = Instant::now();
                 }
             }
             c.fire_timers();
-            // Finished by what just arrived: return now. The ACK it owes the switch
-            // goes out from the progress thread, or with the next collective's first
-            // frames, instead of delaying the caller by a send and a switch wake-up.
-            if let Some(done) = c.engine.poll_completion() {
-                trace!(stats = ?c.io.stats(), "collective finished");
-                return done.map_err(|e| self.fail(e.to_string()));
-            }
-            if last_rx.elapsed() >= stall_limit {
-                return Err(self.fail(format!(
+            // Finished by what just arrived: hand it back now. The ACK it owes the
+            // switch goes out from the progress thread, or with the next collective's
+            // first frames, instead of delaying the caller by a send and a switch
+            // wake-up.
+            self.collect(c, feed, held);
+            if !held.calls.is_empty() && last_rx.elapsed() >= stall_limit {
+                let (_, spec) = held.calls[0];
+                return Err(format!(
                     "{:?} of {} elements made no progress for {stall_limit:?}: nothing received \
                      from switch {} at {} (a peer rank or switch may be down); engine {:?}; \
                      socket {:?}; {} datagrams for no QP of this process, {} dropped from a full \
@@ -248,8 +307,18 @@ impl UdpTransport {
                     c.io.stats(),
                     c.qp.port().stray(),
                     c.qp.inbox().dropped(),
-                )));
+                ));
             }
+        }
+    }
+
+    /// Hands the outcomes the engine has, in call order, to the feed.
+    fn collect<'a>(&self, c: &mut Core, feed: &mut dyn Feed<'a>, held: &mut Held<'a>) {
+        while let Some(done) = c.engine.poll_completion() {
+            let (id, _) = held.calls.pop_front().expect("an outcome for a held call");
+            held.bufs.pop_front();
+            trace!(stats = ?c.io.stats(), "collective finished");
+            feed.done(id, done.map_err(|e| self.fail(e.to_string())));
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use inc_protocol::Time;
 use inc_wire::EthernetAddress;
-use inccl_engine::{HostEngine, OpBuffers};
+use inccl_engine::{CallBuffers, HostEngine, OpBuffers};
 use nix::poll::PollFlags;
 use tracing::debug;
 
@@ -46,7 +46,7 @@ impl Core {
     }
 
     /// Send everything the engine has ready. Returns packets sent.
-    pub(super) fn flush(&mut self, bufs: &OpBuffers<'_>) -> io::Result<usize> {
+    pub(super) fn flush<'a, B: CallBuffers<'a> + ?Sized>(&mut self, bufs: &B) -> io::Result<usize> {
         let Core { io, epoch, engine, switch, .. } = self;
         io.send_frames(*switch, |slot| {
             engine.poll_transmit(Time::from_nanos(epoch.elapsed().as_nanos() as u64), slot, bufs)
@@ -56,7 +56,10 @@ impl Core {
     /// Feed every datagram for this QP to the engine: those other threads received for
     /// it, then those queued on the socket (handing other QPs theirs). Returns packets
     /// handled.
-    pub(super) fn receive(&mut self, bufs: &mut OpBuffers<'_>) -> io::Result<usize> {
+    pub(super) fn receive<'a, B: CallBuffers<'a> + ?Sized>(
+        &mut self,
+        bufs: &mut B,
+    ) -> io::Result<usize> {
         let now = self.now();
         let Core { io, qp, engine, switch, switch_mac, .. } = self;
         let (local, mac, switch_ip) = (io.local, io.mac, *switch.ip());
