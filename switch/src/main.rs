@@ -302,6 +302,7 @@ fn run(mut args: RunArgs) -> anyhow::Result<()> {
                 tx_batch: args.tx_batch,
                 promiscuous: !args.no_promisc,
                 gso_links: wire_links_in_process(&plans, topology.as_ref(), &groups, &shared),
+                quiet_ports: memory_links_in_process(&plans, &groups, &shared),
                 host_ports: spec::host_facing_ports(&plans, topology.as_ref()),
                 ..AfPacketConfig::default()
             };
@@ -454,6 +455,28 @@ fn wire_links_in_process(
             !(shared.in_process_links.contains(&(a.clone(), b.clone())) && same_worker(a, b))
         })
         .flat_map(|(a, b)| [a, b])
+        .collect()
+}
+
+/// The interfaces of the links between two switches of one worker that in-process
+/// links carry in memory (`--internal-links memory`): the switch never sends on them
+/// through the backend.
+fn memory_links_in_process(
+    plans: &[SwitchPlan],
+    groups: &[Vec<usize>],
+    shared: &workers::Shared,
+) -> Vec<PortSpec> {
+    let same_worker = |a: &PortSpec, b: &PortSpec| {
+        groups.iter().any(|g| {
+            let specs = workers::group_specs(plans, g);
+            specs.contains(a) && specs.contains(b)
+        })
+    };
+    shared
+        .in_process_links
+        .iter()
+        .filter(|(a, b)| same_worker(a, b))
+        .flat_map(|(a, b)| [a.clone(), b.clone()])
         .collect()
 }
 

@@ -81,6 +81,11 @@ pub struct AfPacketConfig {
     /// host whose own kernel would otherwise cut its GSO sends into datagrams can hand
     /// them over whole.
     pub host_ports: Vec<PortSpec>,
+    /// Ports the switch never sends on through this backend: both ends of a link
+    /// between two switches of one worker, which in-process links
+    /// ([`crate::in_process`]) carry in memory. Their V2 rings get a few slots (what the
+    /// kernel sends on its own) instead of a ring sized for traffic.
+    pub quiet_ports: Vec<PortSpec>,
 }
 
 impl Default for AfPacketConfig {
@@ -96,6 +101,7 @@ impl Default for AfPacketConfig {
             promiscuous: true,
             gso_links: Vec::new(),
             host_ports: Vec::new(),
+            quiet_ports: Vec::new(),
         }
     }
 }

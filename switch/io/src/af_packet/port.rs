@@ -73,7 +73,14 @@ pub(super) fn open_port(
             .inspect_err(|e| debug!(iface = %spec, error = %e, "ETHTOOL_GDRVINFO failed"))
             .is_ok_and(|d| d == "veth");
 
-    let (version, req) = ring::request(cfg, mtu, gso_link || gso_from_host);
+    let what = if gso_link || gso_from_host {
+        ring::RingUse::Gso
+    } else if cfg.quiet_ports.contains(spec) {
+        ring::RingUse::Quiet
+    } else {
+        ring::RingUse::Plain
+    };
+    let (version, req) = ring::request(cfg, mtu, what);
     let v = version as libc::c_int;
     sys::setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v)
         .map_err(iface_err("set TPACKET version", spec))?;

@@ -19,13 +19,29 @@ pub(super) const TPACKET2_HDR_ALIGNED: usize =
     (std::mem::size_of::<libc::tpacket2_hdr>() + libc::TPACKET_ALIGNMENT - 1)
         & !(libc::TPACKET_ALIGNMENT - 1);
 
+/// What a port's V2 receive ring must take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RingUse {
+    /// Frames of the interface MTU, 4 x `block_count` slots.
+    Plain,
+    /// Whole UDP GSO frames, `gso_slots` slots.
+    Gso,
+    /// Nothing the switch sends itself ([`AfPacketConfig::quiet_ports`]):
+    /// [`QUIET_SLOTS`] slots of the interface MTU.
+    Quiet,
+}
+
+/// Slots of a quiet port's ring: room for what the kernel sends on its own (IPv6
+/// neighbour discovery and the like).
+pub(super) const QUIET_SLOTS: u32 = 8;
+
 /// The TPACKET version and ring request of a port opened with `cfg`: V3 blocks as
-/// configured, or V2 slots sized for a full-MTU frame (`mtu`, 1500 if unknown) or,
-/// with `gso_slots`, for a whole UDP GSO frame.
+/// configured, or V2 slots sized for a full-MTU frame (`mtu`, 1500 if unknown) or for
+/// a whole UDP GSO frame, as many as `what` needs.
 pub(super) fn request(
     cfg: &AfPacketConfig,
     mtu: Option<u32>,
-    gso_slots: bool,
+    what: RingUse,
 ) -> (libc::tpacket_versions, libc::tpacket_req3) {
     match cfg.ring {
         RxRing::V3 => {
@@ -47,12 +63,13 @@ pub(super) fn request(
                 TPACKET2_HDR_ALIGNED + std::mem::size_of::<libc::sockaddr_ll>() + 16 + VNET_HDR_LEN;
             // A GSO port's slots hold a whole GSO frame (up to 64 KiB of UDP payload),
             // and fewer of them, as each usually holds several frames.
-            let (frame, slots) = if gso_slots {
-                (inc_wire::gso::MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.gso_slots)
-            } else {
-                (mtu.unwrap_or(1500) as usize + 14, cfg.block_count * 4)
+            let plain = mtu.unwrap_or(1500) as usize + 14;
+            let (frame, slots) = match what {
+                RingUse::Gso => (inc_wire::gso::MAX_PAYLOAD + UDP_PAYLOAD_AT, cfg.gso_slots),
+                RingUse::Plain => (plain, cfg.block_count * 4),
+                RingUse::Quiet => (plain, QUIET_SLOTS),
             };
-            let (frame_size, frames_per_block, block_size) = v2_geometry(need + frame);
+            let (frame_size, frames_per_block, block_size) = v2_geometry(need + frame, slots);
             let blocks = slots.div_ceil(frames_per_block);
             let req = libc::tpacket_req3 {
                 tp_block_size: block_size,
@@ -74,12 +91,15 @@ pub(super) fn request(
 const V2_BLOCK_MAX: usize = 1 << 20;
 
 /// V2 frame size (`slot` rounded to TPACKET_ALIGNMENT), frames per block and block
-/// size (a power of two, at least a page, up to [`V2_BLOCK_MAX`] unless one frame needs
-/// more): frames packed into blocks the kernel allocates without rounding waste beyond
+/// size for about `slots` slots: a power of two, at least a page and one frame, up to
+/// [`V2_BLOCK_MAX`] (unless one frame needs more), no larger than `slots` frames need.
+/// Frames are packed into blocks the kernel allocates without rounding waste beyond
 /// the tail of a block.
-pub(super) fn v2_geometry(slot: usize) -> (u32, u32, u32) {
+pub(super) fn v2_geometry(slot: usize, slots: u32) -> (u32, u32, u32) {
     let frame = slot.next_multiple_of(libc::TPACKET_ALIGNMENT);
-    let block = frame.next_power_of_two().max(V2_BLOCK_MAX).max(4096);
+    let least = frame.next_power_of_two().max(4096);
+    let block =
+        (frame * slots.max(1) as usize).next_power_of_two().clamp(least, least.max(V2_BLOCK_MAX));
     (frame as u32, (block / frame) as u32, block as u32)
 }
 

@@ -166,17 +166,22 @@ fn pseudo_header_sum_completes_to_a_valid_udp_checksum() {
 /// 128 KiB of kernel memory, and a port's ring is sized by its slot count.
 #[test]
 fn v2_slots_are_packed_into_blocks() {
-    use super::ring::{request, v2_geometry};
+    use super::ring::{request, v2_geometry, RingUse};
     use super::{AfPacketConfig, RxRing};
-    assert_eq!(v2_geometry(65_627), (65_632, 15, 1 << 20));
-    assert_eq!(v2_geometry(9_092), (9_104, 115, 1 << 20));
-    assert_eq!(v2_geometry(3 << 20), (3 << 20, 1, 4 << 20));
+    assert_eq!(v2_geometry(65_627, 64), (65_632, 15, 1 << 20));
+    assert_eq!(v2_geometry(9_092, 512), (9_104, 115, 1 << 20));
+    assert_eq!(v2_geometry(3 << 20, 2), (3 << 20, 1, 4 << 20));
+    // A quiet port: 8 slots of 9 KiB in one 128 KiB block (14 slots).
+    assert_eq!(v2_geometry(9_092, 8), (9_104, 14, 128 << 10));
     let cfg = AfPacketConfig { ring: RxRing::V2, ..AfPacketConfig::default() };
     // A host port on a veth (whole GSO frames): 64 slots asked, 75 in 5 blocks: 5 MiB
     // (one 128 KiB block per 68 KiB slot, 256 of them, before: 32 MiB of kernel memory).
-    let (_, gso) = request(&cfg, Some(9000), true);
+    let (_, gso) = request(&cfg, Some(9000), RingUse::Gso);
     assert_eq!((gso.tp_block_nr, gso.tp_frame_nr, gso.tp_block_size), (5, 75, 1 << 20));
     // A switch port at MTU 9000: 512 slots asked, 575 in 5 blocks.
-    let (_, plain) = request(&cfg, Some(9000), false);
+    let (_, plain) = request(&cfg, Some(9000), RingUse::Plain);
     assert_eq!((plain.tp_block_nr, plain.tp_frame_nr, plain.tp_frame_size), (5, 575, 9_104));
+    // A port of an in-process link: 14 slots in one block of 128 KiB.
+    let (_, quiet) = request(&cfg, Some(9000), RingUse::Quiet);
+    assert_eq!((quiet.tp_block_nr, quiet.tp_frame_nr, quiet.tp_block_size), (1, 14, 128 << 10));
 }
