@@ -847,7 +847,8 @@ impl Sim {
             self.after_node(n)?;
         }
         let world = self.topo.hosts.len();
-        let (mut spin_node, mut spin_at, mut spins) = (usize::MAX, 0, 0u32);
+        // Per node: the instant its timer last fired and how often it fired then.
+        let mut spin: Vec<(Nanos, u32)> = vec![(Nanos::MAX, 0); self.nodes.len()];
         while self.done < world {
             let Some((t, ev)) = self.queue.pop() else {
                 return Err(SimError::Deadlock { at: self.now, waiting: self.waiting() });
@@ -880,14 +881,16 @@ impl Sim {
                         self.timer_at[n] = Nanos::MAX;
                     }
                     if self.nodes[n].poll_timeout().is_some_and(|d| d <= t) {
-                        if (spin_node, spin_at) == (n, t) {
-                            spins += 1;
-                            if spins > 1000 {
+                        let (spin_at, spins) = &mut spin[n];
+                        if *spin_at == t {
+                            *spins += 1;
+                            if *spins > 1000 {
+                                let spins = *spins;
                                 let node = self.nodes[n].name();
                                 return Err(SimError::TimerSpin { node, at: t, spins });
                             }
                         } else {
-                            (spin_node, spin_at, spins) = (n, t, 1);
+                            (*spin_at, *spins) = (t, 1);
                         }
                         match &mut self.nodes[n] {
                             Node::Switch(s) => {
@@ -994,9 +997,15 @@ impl Sim {
             }
         }
         if let Some(d) = self.nodes[n].poll_timeout() {
-            if d < self.timer_at[n] {
-                self.timer_at[n] = d;
-                self.queue.push(d.max(t), Event::Timer { node: n as u32 });
+            // A host whose deadline stays due wants to send (a retransmission); its NIC
+            // cannot before its link is free, so the timer waits for that too.
+            let link_free = host_dir
+                .filter(|&d| d != u32::MAX)
+                .map_or(t, |d| self.dirs[d as usize].busy_until());
+            let at = if d <= t { t.max(link_free) } else { d };
+            if at < self.timer_at[n] {
+                self.timer_at[n] = at;
+                self.queue.push(at, Event::Timer { node: n as u32 });
             }
         }
         Ok(())

@@ -85,6 +85,14 @@ fn other_rates_delays_and_payload_sizes_keep_the_bound() {
     let (r, err) = run(shipped("3-level.yaml"), cfg);
     assert_eq!(r.verified_ranks, 9);
     assert!(err.abs() < 0.02, "{:+.2}% off the bound", err * 100.0);
+    // Slow links: a window takes longer to serialise than the RC timers' floors; a
+    // host whose retransmission is due waits for its link (this once spun forever).
+    for rate in [200_000_000, 1_000_000_000] {
+        let cfg = SimConfig { bytes: 64 << 10, link_rate_bps: rate, ..SimConfig::default() };
+        let (r, err) = run(shipped("1-2-4.yaml"), cfg);
+        assert_eq!(r.verified_ranks, 4);
+        assert!(err.abs() < 0.02, "{rate} b/s: {:+.2}% off the bound", err * 100.0);
+    }
 }
 
 #[test]
