@@ -63,7 +63,18 @@ impl Server {
             .unwrap()
             .write_all(format!("switch {SWITCH_TOKEN}\nhost {TOKEN}\n").as_bytes())
             .unwrap();
-        let topo = concat!(env!("CARGO_MANIFEST_DIR"), "/../topologies/1-2-4.yaml");
+        // 1-2-4 with room for tens of thousands of communicators of one rank-0 host on a
+        // switch: what each may allocate there is counted (32,128 bytes at mtu 256,
+        // window 1 on leaf1), and the shipped limits hold 4,177 per host, 8,355 per
+        // switch.
+        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../topologies/1-2-4.yaml");
+        let topo = dir.join("1-2-4.yaml");
+        let yaml = fs::read_to_string(shipped).unwrap().replace(
+            "    ports:\n",
+            "    max_slot_memory: 68719476736\n    max_host_memory: 68719476736\n    ports:\n",
+        );
+        fs::write(&topo, yaml).unwrap();
+        let topo = topo.to_str().unwrap();
         let log = fs::File::create(dir.join("log")).unwrap();
         let bin = std::env::var("INC_HOSTILE_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_inc-controller").into());
