@@ -772,6 +772,7 @@ impl Sim {
             self.shared.scratch = vec![POISON; bytes];
         }
         let mut expected: Option<Vec<u8>> = None;
+        let mut pattern_senders = vec![0u64; self.shared.patterns.len()];
         for node in &mut self.nodes {
             let Node::Host(h) = node else { continue };
             if !h.sends && !h.receives {
@@ -781,11 +782,7 @@ impl Sim {
                 let p = usize::from(h.rank) % PATTERNS;
                 h.pattern = Some(p);
                 if h.sends {
-                    let src = &self.shared.patterns[p];
-                    match &mut expected {
-                        None => expected = Some(src.clone()),
-                        Some(acc) => combine_into(self.cfg.dtype, self.cfg.op, acc, src),
-                    }
+                    pattern_senders[p] += 1;
                 }
                 continue;
             }
@@ -798,6 +795,17 @@ impl Sim {
                 (Collective::Broadcast { .. }, e) => *e = Some(h.buf.clone()),
                 (_, None) => expected = Some(h.buf.clone()),
                 (_, Some(acc)) => combine_into(self.cfg.dtype, self.cfg.op, acc, &h.buf),
+            }
+        }
+        // Pattern p sent by c ranks: p op p op ... (c times), by repeated squaring.
+        for (p, &c) in pattern_senders.iter().enumerate() {
+            if let Some(folded) =
+                fold_times(self.cfg.dtype, self.cfg.op, &self.shared.patterns[p], c)
+            {
+                match &mut expected {
+                    None => expected = Some(folded),
+                    Some(acc) => combine_into(self.cfg.dtype, self.cfg.op, acc, &folded),
+                }
             }
         }
         self.expected = expected.unwrap_or_default();
@@ -1115,6 +1123,27 @@ impl Sim {
     }
 }
 
+/// `x op x op ... op x` (`c` times; `None` for 0) by repeated squaring: every operator
+/// the switches apply is associative and commutative.
+fn fold_times(dtype: DataType, op: Operator, x: &[u8], mut c: u64) -> Option<Vec<u8>> {
+    let mut acc: Option<Vec<u8>> = None;
+    let mut pow = x.to_vec();
+    while c > 0 {
+        if c & 1 == 1 {
+            match &mut acc {
+                None => acc = Some(pow.clone()),
+                Some(a) => combine_into(dtype, op, a, &pow),
+            }
+        }
+        c >>= 1;
+        if c > 0 {
+            let copy = pow.clone();
+            combine_into(dtype, op, &mut pow, &copy);
+        }
+    }
+    acc
+}
+
 fn drain_events(s: &mut SwitchSim, now: Nanos) {
     while let Some(e) = s.engine.poll_event() {
         if s.events.len() < 100 {
@@ -1127,6 +1156,33 @@ fn drain_events(s: &mut SwitchSim, now: Nanos) {
                 }
             };
             s.events.push(text);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folding_a_pattern_c_times_equals_combining_it_c_times() {
+        for (dtype, op) in [
+            (DataType::Int32, Operator::Sum),
+            (DataType::Float32, Operator::Sum),
+            (DataType::Uint8, Operator::Max),
+            (DataType::Int64, Operator::Bxor),
+        ] {
+            let spec = InputSpec { dtype, op, world: 100, seed: 5 };
+            let mut x = vec![0u8; 64 * dtype.size()];
+            spec.fill(7, &mut x);
+            for c in [1u64, 2, 3, 7, 8, 13] {
+                let mut slow = x.clone();
+                for _ in 1..c {
+                    combine_into(dtype, op, &mut slow, &x);
+                }
+                assert_eq!(fold_times(dtype, op, &x, c), Some(slow), "{dtype} {op} x{c}");
+            }
+            assert_eq!(fold_times(dtype, op, &x, 0), None);
         }
     }
 }
