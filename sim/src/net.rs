@@ -215,6 +215,15 @@ impl Dir {
         self.busy_until
     }
 
+    /// Frames queued at `now` (waiting for or in serialisation).
+    #[inline]
+    pub fn backlog(&mut self, now: Nanos) -> usize {
+        while self.queue.front().is_some_and(|&t| t <= now) {
+            self.queue.pop_front();
+        }
+        self.queue.len()
+    }
+
     /// A frame of `frame.len()` bytes handed to this direction at `now`: may corrupt
     /// it in place; returns when it arrives at the far end.
     #[inline]

@@ -412,6 +412,9 @@ struct Shared {
 /// receiving rank is checked; above it, this many ranks (evenly spread, the root
 /// included) are, and the others share [`PATTERNS`] inputs and one output buffer.
 pub const SAMPLE_RANKS: usize = 1024;
+/// Frames a host's NIC takes from its engine ahead of its link (one wake-up per batch).
+pub const HOST_TX_BATCH: usize = 4;
+
 /// Distinct inputs of the ranks outside the sample.
 pub const PATTERNS: usize = 16;
 
@@ -954,16 +957,18 @@ impl Sim {
     /// Sends every frame node `n` has, then re-arms its timer.
     ///
     /// A switch hands every frame it has to its ports' output queues at once. A host's
-    /// NIC takes the next frame from the engine only when its link is free (as a NIC
-    /// fetches work requests while it transmits): the engine's send queue holds the
-    /// window, no copy waits in a NIC queue.
+    /// NIC takes frames from the engine only while fewer than [`HOST_TX_BATCH`] wait
+    /// for its link (as a NIC fetches work requests while it transmits), and is woken
+    /// when they are sent: the engine's send queue holds the window, no copy of it
+    /// waits in a NIC queue.
     fn after_node(&mut self, n: usize) -> Result<(), SimError> {
         let t = self.now;
         let host_dir = (n >= self.n_switches).then(|| self.out_dirs[n][0]);
         loop {
             if let Some(d) = host_dir.filter(|&d| d != u32::MAX) {
-                let free = self.dirs[d as usize].busy_until();
-                if free > t {
+                let dir = &mut self.dirs[d as usize];
+                let free = dir.busy_until();
+                if dir.backlog(t) >= HOST_TX_BATCH {
                     if self.tx_wait[n] == Nanos::MAX {
                         self.tx_wait[n] = free;
                         self.queue.push(free, Event::TxReady { node: n as u32 });
