@@ -83,13 +83,12 @@ impl RcConnection {
     /// A connection in RTS state.
     pub fn new(cfg: RcConfig) -> Self {
         let t = cfg.timers;
-        // Every frame buffer up front: memory is fixed by the queue size, never by the
-        // traffic, and the hot path never allocates.
-        let cap = frame::max_frame_len(cfg.max_payload);
-        let pool = (0..cfg.send_queue).map(|_| Arc::new(vec![0; cap])).collect();
+        // Frame buffers as traffic needs them (`free_buffer`), then reused: memory
+        // grows to what the peer's pace keeps in flight, at most the queue size.
+        let pool = Vec::new();
         RcConnection {
             next_psn: cfg.send_start_psn,
-            queue: VecDeque::with_capacity(cfg.send_queue),
+            queue: VecDeque::new(),
             send_idx: 0,
             sent_hi: 0,
             pool,
