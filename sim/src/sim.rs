@@ -80,7 +80,7 @@ impl Default for SimConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// The topology file does not load.
-    #[error("{0}")]
+    #[error(transparent)]
     Topology(#[from] TopologyError),
     /// A size that is not a whole number of elements, or zero.
     #[error(
@@ -121,22 +121,22 @@ pub enum SimError {
         hosts: usize,
     },
     /// The controller's compiler refused the communicator.
-    #[error("compiling the communicator of all {hosts} hosts of {file}: {source}")]
+    #[error("compiling the communicator of all {hosts} hosts of {file}: {error}")]
     Compile {
         /// Topology file.
         file: String,
         /// Hosts.
         hosts: usize,
         /// Why.
-        source: CompileError,
+        error: CompileError,
     },
     /// A switch engine refused its rules.
-    #[error("switch {switch}: installing the rules: {source}")]
+    #[error("switch {switch}: installing the rules: {error}")]
     Install {
         /// Switch name.
         switch: String,
         /// Why.
-        source: EngineError,
+        error: EngineError,
     },
     /// A host engine refused to start the collective.
     #[error("rank {rank} (host {host}): starting the collective: {reason}")]
@@ -547,10 +547,8 @@ impl Sim {
             })
             .collect();
         let spec = CommunicatorSpec { comm_id: 1, ranks, mtu: cfg.mtu, window: cfg.window };
-        let compiled =
-            compile(&topo, &spec, &mut Allocator::new(), mix(cfg.seed)).map_err(|source| {
-                SimError::Compile { file: topo.file.clone(), hosts: world, source }
-            })?;
+        let compiled = compile(&topo, &spec, &mut Allocator::new(), mix(cfg.seed))
+            .map_err(|error| SimError::Compile { file: topo.file.clone(), hosts: world, error })?;
 
         let mut nodes = Vec::with_capacity(topo.switches.len() + world);
         for sw in &topo.switches {
@@ -567,7 +565,7 @@ impl Sim {
             for r in compiled.rules.iter().filter(|r| r.switch_id == sw.id) {
                 engine
                     .install(r, Time::ZERO)
-                    .map_err(|source| SimError::Install { switch: sw.name.clone(), source })?;
+                    .map_err(|error| SimError::Install { switch: sw.name.clone(), error })?;
             }
             nodes.push(Node::Switch(Box::new(SwitchSim {
                 name: sw.name.clone(),
