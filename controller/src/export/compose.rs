@@ -14,9 +14,9 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 use super::{
-    command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip, q, role_name,
-    roles, secret, secrets, switch_capabilities, ExportError, ExportOptions, HostTransport, Role,
-    MGMT_IF, SECRETS_IN_CONTAINER, TOPOLOGY_IN_CONTAINER,
+    check_carrier, command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip,
+    q, role_name, roles, secret, secrets, switch_capabilities, ExportError, ExportOptions,
+    HostTransport, Role, MGMT_IF, SECRETS_IN_CONTAINER, TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -59,27 +59,10 @@ fn add(ip: Ipv4Addr, n: u32) -> Ipv4Addr {
 
 fn allocate(t: &Topology, pool: (Ipv4Addr, u8), links: usize) -> Result<Carrier, ExportError> {
     let (base, prefix) = pool;
-    let pool_str = format!("{base}/{prefix}");
-    let size: u64 = 1u64 << (32 - u32::from(prefix.min(32)));
-    if u64::from(u32::from(base)) % size != 0 {
-        return Err(ExportError::CarrierNotNetwork(pool_str));
-    }
     let elements = roles(t).len() as u64;
     // Network, broadcast and the bridge's gateway besides the containers.
     let mgmt_size = (elements + 3).next_power_of_two().max(u64::from(LINK_BLOCK));
-    let mgmt_prefix = 32 - mgmt_size.trailing_zeros() as u8;
-    let need = mgmt_size + u64::from(LINK_BLOCK) * links as u64;
-    if need > size {
-        return Err(ExportError::CarrierTooSmall {
-            pool: pool_str,
-            have: size,
-            need,
-            topology: t.name.clone(),
-            mgmt_prefix,
-            links,
-            link_block: LINK_BLOCK,
-        });
-    }
+    let mgmt_prefix = check_carrier(t, pool, links, mgmt_size, LINK_BLOCK)?;
     let hosts = (1..=elements as u32).map(|i| add(base, i)).collect();
     let gateway = add(base, mgmt_size as u32 - 2);
     let links = (0..links as u32).map(|k| add(base, mgmt_size as u32 + LINK_BLOCK * k)).collect();

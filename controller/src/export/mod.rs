@@ -505,3 +505,35 @@ mod tests {
         assert!(env.contains(&"INCCL_IFACE=eth1".to_string()));
     }
 }
+
+/// Checks that a carrier pool is a network that holds a management subnet of
+/// `mgmt_size` addresses followed by one block of `link_block` addresses per data
+/// link; returns the management subnet's prefix length.
+pub(crate) fn check_carrier(
+    t: &Topology,
+    pool: (Ipv4Addr, u8),
+    links: usize,
+    mgmt_size: u64,
+    link_block: u32,
+) -> Result<u8, ExportError> {
+    let (base, prefix) = pool;
+    let pool_str = format!("{base}/{prefix}");
+    let size: u64 = 1u64 << (32 - u32::from(prefix.min(32)));
+    if u64::from(u32::from(base)) % size != 0 {
+        return Err(ExportError::CarrierNotNetwork(pool_str));
+    }
+    let mgmt_prefix = 32 - mgmt_size.trailing_zeros() as u8;
+    let need = mgmt_size + u64::from(link_block) * links as u64;
+    if need > size {
+        return Err(ExportError::CarrierTooSmall {
+            pool: pool_str,
+            have: size,
+            need,
+            topology: t.name.clone(),
+            mgmt_prefix,
+            links,
+            link_block,
+        });
+    }
+    Ok(mgmt_prefix)
+}

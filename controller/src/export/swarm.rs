@@ -31,9 +31,9 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 use super::{
-    command, compose::with_tag_variable, data_links, ends_of, flow_list, header, host_env,
-    iface_entry, mgmt_ip, q, role_name, roles, secret, secrets, switch_capabilities, ExportError,
-    ExportOptions, HostTransport, Role, MGMT_IF, TOPOLOGY_IN_CONTAINER,
+    check_carrier, command, compose::with_tag_variable, data_links, ends_of, flow_list, header,
+    host_env, iface_entry, mgmt_ip, q, role_name, roles, secret, secrets, switch_capabilities,
+    ExportError, ExportOptions, HostTransport, Role, MGMT_IF, TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -136,28 +136,11 @@ struct Carrier {
 
 fn allocate(t: &Topology, pool: (Ipv4Addr, u8), links: usize) -> Result<Carrier, ExportError> {
     let (base, prefix) = pool;
-    let pool_str = format!("{base}/{prefix}");
-    let size: u64 = 1u64 << (32 - u32::from(prefix.min(32)));
-    if u64::from(u32::from(base)) % size != 0 {
-        return Err(ExportError::CarrierNotNetwork(pool_str));
-    }
     let elements = roles(t).len() as u64;
     // Every element twice (a replaced task's address is freed late), plus network,
     // gateway, broadcast and load-balancer endpoints.
     let mgmt_size = (2 * elements + 8).next_power_of_two().max(u64::from(LINK_BLOCK));
-    let mgmt_prefix = 32 - mgmt_size.trailing_zeros() as u8;
-    let need = mgmt_size + u64::from(LINK_BLOCK) * links as u64;
-    if need > size {
-        return Err(ExportError::CarrierTooSmall {
-            pool: pool_str,
-            have: size,
-            need,
-            topology: t.name.clone(),
-            mgmt_prefix,
-            links,
-            link_block: LINK_BLOCK,
-        });
-    }
+    let mgmt_prefix = check_carrier(t, pool, links, mgmt_size, LINK_BLOCK)?;
     let link_prefix = 32 - LINK_BLOCK.trailing_zeros() as u8;
     let add = |n: u64| Ipv4Addr::from(u32::from(base).wrapping_add(n as u32));
     let links = (0..links as u64)
