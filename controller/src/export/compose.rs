@@ -58,7 +58,7 @@ fn add(ip: Ipv4Addr, n: u32) -> Ipv4Addr {
 }
 
 fn allocate(t: &Topology, pool: (Ipv4Addr, u8), links: usize) -> Result<Carrier, ExportError> {
-    let (base, prefix) = pool;
+    let (base, _) = pool;
     let elements = roles(t).len() as u64;
     // Network, broadcast and the bridge's gateway besides the containers.
     let mgmt_size = (elements + 3).next_power_of_two().max(u64::from(LINK_BLOCK));

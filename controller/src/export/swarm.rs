@@ -135,7 +135,7 @@ struct Carrier {
 }
 
 fn allocate(t: &Topology, pool: (Ipv4Addr, u8), links: usize) -> Result<Carrier, ExportError> {
-    let (base, prefix) = pool;
+    let (base, _) = pool;
     let elements = roles(t).len() as u64;
     // Every element twice (a replaced task's address is freed late), plus network,
     // gateway, broadcast and load-balancer endpoints.
