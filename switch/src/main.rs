@@ -434,6 +434,14 @@ fn run_with<B: Backend + 'static>(
     Ok(())
 }
 
+/// Whether ports `a` and `b` belong to switches one worker serves.
+fn same_worker(plans: &[SwitchPlan], groups: &[Vec<usize>], a: &PortSpec, b: &PortSpec) -> bool {
+    groups.iter().any(|g| {
+        let specs = workers::group_specs(plans, g);
+        specs.contains(a) && specs.contains(b)
+    })
+}
+
 /// The interfaces of the links between two switches of this process that use the
 /// wire: all of them with `--internal-links wire`, else those whose ends are served by
 /// different workers.
@@ -443,12 +451,7 @@ fn wire_links_in_process(
     groups: &[Vec<usize>],
     shared: &workers::Shared,
 ) -> Vec<PortSpec> {
-    let same_worker = |a: &PortSpec, b: &PortSpec| {
-        groups.iter().any(|g| {
-            let specs = workers::group_specs(plans, g);
-            specs.contains(a) && specs.contains(b)
-        })
-    };
+    let same_worker = |a: &PortSpec, b: &PortSpec| same_worker(plans, groups, a, b);
     spec::internal_link_pairs(plans, topology)
         .into_iter()
         .filter(|(a, b)| {
@@ -466,12 +469,7 @@ fn memory_links_in_process(
     groups: &[Vec<usize>],
     shared: &workers::Shared,
 ) -> Vec<PortSpec> {
-    let same_worker = |a: &PortSpec, b: &PortSpec| {
-        groups.iter().any(|g| {
-            let specs = workers::group_specs(plans, g);
-            specs.contains(a) && specs.contains(b)
-        })
-    };
+    let same_worker = |a: &PortSpec, b: &PortSpec| same_worker(plans, groups, a, b);
     shared
         .in_process_links
         .iter()
