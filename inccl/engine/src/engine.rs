@@ -28,6 +28,22 @@ impl Default for HostOptions {
     }
 }
 
+/// Consecutive retransmission timeouts (backing off from `rto_min` to `rto_max`) that
+/// take at least `span`. A host's RC connection gives up no sooner than its collective's
+/// progress timeout would: with hundreds of emulated hosts on a few CPUs the switch may
+/// not answer for seconds, and a count of timeouts meant for a real fabric (about 3 s
+/// by default) failed 256-host runs that were only slow.
+fn timeouts_spanning(timers: &RcTimers, span: Duration) -> u32 {
+    let (mut rto, mut total, mut n) =
+        (timers.rto_min.max(Duration::from_micros(1)), Duration::ZERO, 0);
+    while total < span && n < 1_000 {
+        total += rto;
+        rto = (rto * 2).min(timers.rto_max.max(rto));
+        n += 1;
+    }
+    n
+}
+
 /// Host counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HostCounters {
@@ -91,7 +107,16 @@ impl HostEngine {
             max_payload: mtu.max(inc_protocol::coll::HEADER_LEN),
             // W data chunks plus the Start of every collective in flight.
             send_queue: window as usize + 2 + MAX_IN_FLIGHT,
-            timers: inc_protocol::timers_for_window(opts.timers, window as usize),
+            timers: inc_protocol::timers_for_window(
+                RcTimers {
+                    retry_limit: opts
+                        .timers
+                        .retry_limit
+                        .max(timeouts_spanning(&opts.timers, opts.progress_timeout)),
+                    ..opts.timers
+                },
+                window as usize,
+            ),
         });
         let coll = HostCollective::new(CollectiveConfig {
             rank: config.rank,
@@ -274,6 +299,16 @@ impl HostEngine {
 mod tests {
     use super::*;
     use crate::{CollectiveKind, DataType, OpBuffers, Operator};
+
+    /// The RC give-up spans the progress timeout: 1, 2, 4 ... 256 ms (511 ms in 9
+    /// timeouts), then 500 ms each up to 10 s.
+    #[test]
+    fn rc_retries_span_the_progress_timeout() {
+        let t = RcTimers::default();
+        assert_eq!(timeouts_spanning(&t, Duration::from_secs(10)), 9 + 19);
+        assert_eq!(timeouts_spanning(&t, Duration::ZERO), 0);
+        assert_eq!(timeouts_spanning(&t, Duration::from_millis(1)), 1);
+    }
 
     /// A silent switch: the wait is bounded and the error names the stalled PSN.
     #[test]
