@@ -12,11 +12,18 @@
 #                            it already)
 #                   NAME     final name: a switch port's name, a host's data interface,
 #                            mgmt0
-#                   MAC      MAC to set, or - to keep Docker's
+#                   MAC      MAC to set, or - to keep Docker's (ignored under
+#                            INC_KEEP_MACS=1)
 #                   ADDR     ip/prefix to configure, or - for none: switch ports have no
 #                            kernel address, so only the switch process answers ARP and
 #                            the kernel never answers RoCE with ICMP
 # INC_LINK_MTU    MTU of data interfaces (every NAME but mgmt0), if set
+# INC_KEEP_MACS   1: keep Docker's MAC on every interface, and run a switch with its
+#                 ports' actual MACs (--port SWITCH:PORT=PORT,mac=MAC appended to the
+#                 command), which it reports to the controller, whose rules then use
+#                 them. Default: 1 when the interfaces are located by subnet (Swarm: an
+#                 overlay carries frames between nodes only to MACs Docker gave its
+#                 endpoints), else 0 (compose, containerlab: the topology's MACs).
 # INC_IFACE_WAIT  seconds to wait for interfaces to appear (default 30; containerlab
 #                 adds them after the container started)
 # INCCL_TRANSPORT verbs: hosts create the Soft-RoCE device rxe0 on $INCCL_IFACE
@@ -60,11 +67,13 @@ find_iface() {
 }
 
 declare -a CUR=() NAME=() MAC=() ADDR=()
+KEEP_MACS="${INC_KEEP_MACS:-}"
 for entry in ${INC_IFACES:-}; do
     loc="${entry%%=*}"
     IFS=, read -r name mac addr <<<"${entry#*=}"
     [ -n "$loc" ] && [ -n "$name" ] && [ -n "$mac" ] && [ -n "$addr" ] \
         || die "malformed INC_IFACES entry '$entry' (want LOCATOR=NAME,MAC,ADDR)"
+    if [ -z "${INC_KEEP_MACS:-}" ] && is_cidr "$loc"; then KEEP_MACS=1; fi
     deadline=$((SECONDS + WAIT))
     cur="$(find_iface "$loc")"
     while [ -z "$cur" ]; do
@@ -87,7 +96,11 @@ summary=()
 for i in "${!CUR[@]}"; do
     dev="${NAME[$i]}"
     [ "${CUR[$i]}" = "$dev" ] || ip link set dev "${CUR[$i]}" name "$dev"
-    [ "${MAC[$i]}" = - ] || ip link set dev "$dev" address "${MAC[$i]}"
+    if [ "$KEEP_MACS" = 1 ]; then
+        MAC[$i]="$(cat "/sys/class/net/$dev/address")"
+    elif [ "${MAC[$i]}" != - ]; then
+        ip link set dev "$dev" address "${MAC[$i]}"
+    fi
     if [ -n "${INC_LINK_MTU:-}" ] && [ "$dev" != mgmt0 ]; then
         ip link set dev "$dev" mtu "$INC_LINK_MTU"
     fi
@@ -121,6 +134,28 @@ if [ "$ROLE" = switch ]; then
     [ "$(cat $f)" = 0 ] || die "net.ipv4.ip_forward is 1 in this container and cannot be changed"
 fi
 { echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6; } 2>/dev/null || true
+
+# The switch takes its ports' MACs from the topology unless told otherwise: with
+# Docker's MACs kept, name each port with its interface's MAC (it reports them when it
+# registers; the controller's rules use them). Only for `--switch NAME` without --port.
+if [ "$ROLE" = switch ] && [ "$KEEP_MACS" = 1 ]; then
+    sw="" has_port=0 prev=""
+    for a in "$@"; do
+        [ "$prev" = --switch ] && sw="$a"
+        case "$a" in --switch=*) sw="${a#--switch=}" ;; --port|--port=*) has_port=1 ;; esac
+        prev="$a"
+    done
+    if [ -n "$sw" ] && [ "$has_port" = 0 ]; then
+        ports=()
+        for i in "${!NAME[@]}"; do
+            [ "${NAME[$i]}" = mgmt0 ] || ports+=(--port "$sw:${NAME[$i]}=${NAME[$i]},mac=${MAC[$i]}")
+        done
+        if [ "${#ports[@]}" -gt 0 ]; then
+            set -- "$@" "${ports[@]}"
+            log "switch $sw runs with Docker's MACs: ${ports[*]}"
+        fi
+    fi
+fi
 
 if [ "$ROLE" = switch ] && [ -z "${INC_CONTROLLER_TOKEN:-}" ] && [ -e /run/secrets/inc-switch-token ]; then
     INC_CONTROLLER_TOKEN="$(cat /run/secrets/inc-switch-token)" \

@@ -10,19 +10,33 @@
 //! It is charged against the switch's `max_slot_memory` and, for the host of rank 0
 //! (the host that asks for the communicator), against that host's share
 //! `max_host_memory` of the switch.
+//!
+//! Switch ports use the MACs their switches reported at registration ([`PortMacs`],
+//! given to [`compile_with_macs`]) where known, else the topology's: on a Docker
+//! overlay, frames cross nodes only to the MACs Docker gave the interfaces.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::{
-    ipv4_gid, udp_port_for_qpn, ConnectionRule, HostEndpoint, Peer, RankEndpoint, SwitchRules,
-    MAX_24BIT, MAX_WINDOW, ROCE_UDP_PORT, VALID_MTUS,
+    ipv4_gid, udp_port_for_qpn, ConnectionRule, EthernetAddress, HostEndpoint, Peer, RankEndpoint,
+    SwitchRules, MAX_24BIT, MAX_WINDOW, ROCE_UDP_PORT, VALID_MTUS,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use inc_topology::{CommMemory, Switch, Topology};
+
+/// MACs switches reported for their ports, by switch id and port name. A port not in
+/// it has its topology MAC.
+pub type PortMacs = HashMap<u32, BTreeMap<String, EthernetAddress>>;
+
+/// The MAC of port `port` of `sw`: the reported one, else the topology's.
+pub fn port_mac(macs: &PortMacs, sw: &Switch, port: usize) -> EthernetAddress {
+    let p = &sw.ports[port];
+    macs.get(&sw.id).and_then(|m| m.get(&p.name)).copied().unwrap_or(p.mac)
+}
 
 /// First switch-side QPN tried on a fresh switch (QPN 0 and 1 are special in IB).
 const FIRST_QPN: u32 = 0x100;
@@ -404,20 +418,33 @@ fn draw_psn(rng: &mut ChaCha8Rng, window: u32) -> u32 {
     }
 }
 
-/// Compile one communicator. `seed` makes start PSNs deterministic (golden tests);
-/// the service passes a per-process random seed.
+/// Compile one communicator with the topology's MACs. `seed` makes start PSNs
+/// deterministic (golden tests); the service passes a per-process random seed.
 pub fn compile(
     topo: &Topology,
     spec: &CommunicatorSpec,
     alloc: &mut Allocator,
     seed: u64,
 ) -> Result<Compiled, CompileError> {
+    compile_with_macs(topo, spec, alloc, seed, &PortMacs::new())
+}
+
+/// [`compile`], with the MACs switches reported for their ports (`macs`) in place of
+/// the topology's: on both ends of every switch link (`local_mac`, `peer_mac`), on
+/// host ports and in the hosts' endpoints (`switch_mac`).
+pub fn compile_with_macs(
+    topo: &Topology,
+    spec: &CommunicatorSpec,
+    alloc: &mut Allocator,
+    seed: u64,
+    macs: &PortMacs,
+) -> Result<Compiled, CompileError> {
     if alloc.has_comm(spec.comm_id) {
         return Err(CompileError::DuplicateComm(spec.comm_id));
     }
     // Allocations stand only when the whole communicator compiled.
     alloc.journal.clear();
-    let out = compile_inner(topo, spec, alloc, seed);
+    let out = compile_inner(topo, spec, alloc, seed, macs);
     match out {
         Ok(_) => alloc.journal.clear(),
         Err(_) => alloc.undo(),
@@ -430,6 +457,7 @@ fn compile_inner(
     spec: &CommunicatorSpec,
     alloc: &mut Allocator,
     seed: u64,
+    macs: &PortMacs,
 ) -> Result<Compiled, CompileError> {
     let n = spec.ranks.len();
     if n == 0 {
@@ -538,6 +566,7 @@ fn compile_inner(
         for (c, lp, cp) in kids {
             let child = &topo.switches[c];
             let (lport, cport) = (&sw.ports[lp], &child.ports[cp]);
+            let (lmac, cmac) = (port_mac(macs, sw, lp), port_mac(macs, child, cp));
             let my_qpn = alloc.alloc_qpn(sw.id, &sw.name)?;
             let child_qpn = alloc.alloc_qpn(child.id, &child.name)?;
             let (my_psn, child_psn) = (draw_psn(&mut rng, window), draw_psn(&mut rng, window));
@@ -545,13 +574,13 @@ fn compile_inner(
             conns.push(ConnectionRule {
                 port: lport.name.clone(),
                 local_ip: lport.addr.ip,
-                local_mac: lport.mac,
+                local_mac: lmac,
                 local_qpn: my_qpn,
                 local_udp_port: udp_port_for_qpn(my_qpn),
                 local_start_psn: my_psn,
                 peer: Peer::Switch { switch_id: child.id },
                 peer_ip: cport.addr.ip,
-                peer_mac: Some(cport.mac),
+                peer_mac: Some(cmac),
                 peer_qpn: child_qpn,
                 peer_udp_port: ROCE_UDP_PORT,
                 peer_start_psn: child_psn,
@@ -565,13 +594,13 @@ fn compile_inner(
                 ConnectionRule {
                     port: cport.name.clone(),
                     local_ip: cport.addr.ip,
-                    local_mac: cport.mac,
+                    local_mac: cmac,
                     local_qpn: child_qpn,
                     local_udp_port: udp_port_for_qpn(child_qpn),
                     local_start_psn: child_psn,
                     peer: Peer::Switch { switch_id: sw.id },
                     peer_ip: lport.addr.ip,
-                    peer_mac: Some(lport.mac),
+                    peer_mac: Some(lmac),
                     peer_qpn: my_qpn,
                     peer_udp_port: ROCE_UDP_PORT,
                     peer_start_psn: my_psn,
@@ -588,13 +617,14 @@ fn compile_inner(
             }
             let r = ranks[rank];
             let port = &sw.ports[host.attach.port];
+            let pmac = port_mac(macs, sw, host.attach.port);
             let q = alloc.alloc_qpn(sw.id, &sw.name)?;
             let psn = draw_psn(&mut rng, window);
             qpns.push(q);
             conns.push(ConnectionRule {
                 port: port.name.clone(),
                 local_ip: port.addr.ip,
-                local_mac: port.mac,
+                local_mac: pmac,
                 local_qpn: q,
                 local_udp_port: udp_port_for_qpn(q),
                 local_start_psn: psn,
@@ -612,7 +642,7 @@ fn compile_inner(
                 switch_id: sw.id,
                 switch_port: port.name.clone(),
                 switch_ip: port.addr.ip,
-                switch_mac: port.mac,
+                switch_mac: pmac,
                 switch_qpn: q,
                 switch_udp_port: udp_port_for_qpn(q),
                 switch_start_psn: psn,

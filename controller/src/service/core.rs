@@ -25,7 +25,7 @@ use super::loglimit::LogLimiter;
 use super::ops::{Op, Pending, Repush};
 use super::ServiceConfig;
 use crate::auth::Role;
-use crate::compiler::{Allocator, Compiled};
+use crate::compiler::{Allocator, Compiled, PortMacs};
 
 /// Identifies a connection for the lifetime of the core (never reused).
 pub type ConnId = u64;
@@ -158,6 +158,9 @@ pub struct Core {
     pub(super) switches: HashMap<u32, ConnId>,
     /// Ports of each switch, as last registered, that take whole UDP GSO frames.
     pub(super) gso_ports: HashMap<u32, BTreeSet<String>>,
+    /// MACs switches reported for their ports at their last registration: what the
+    /// rules use in place of the topology's.
+    pub(super) port_macs: PortMacs,
     pub(super) groups: BTreeMap<u64, Group>,
     pub(super) comms: BTreeMap<u32, Comm>,
     pub(super) alloc: Allocator,
@@ -193,6 +196,7 @@ impl Core {
             logs: LogLimiter::new(now),
             switches: HashMap::new(),
             gso_ports: HashMap::new(),
+            port_macs: PortMacs::new(),
             groups: BTreeMap::new(),
             comms: BTreeMap::new(),
             alloc: Allocator::new(),

@@ -90,7 +90,14 @@ impl Core {
 
     /// Start re-pushing a switch's communicators (it just registered).
     pub(super) fn start_repush(&mut self, switch_id: u32, backlog: BTreeSet<u32>) {
-        self.repush.insert(switch_id, Repush { backlog, outstanding: 0 });
+        // Merged with one under way: a peer's MAC change may have started one.
+        self.queue_repush(switch_id, backlog);
+    }
+
+    /// Add communicators to a switch's re-push (their rules changed), starting one if
+    /// none is under way.
+    pub(super) fn queue_repush(&mut self, switch_id: u32, comms: BTreeSet<u32>) {
+        self.repush.entry(switch_id).or_default().backlog.extend(comms);
         self.repush_more(switch_id);
     }
 

@@ -1,11 +1,13 @@
 //! What the controller does with each message: switch registration and answers to
 //! pushes, and the host requests (groups, communicators, status).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use inc_ctrl_proto::codec::{quote, MAX_QUOTED};
-use inc_ctrl_proto::{Envelope, HeldCommunicator, Message, Origin, PortInfo, RankEndpoint};
+use inc_ctrl_proto::{
+    Envelope, EthernetAddress, HeldCommunicator, Message, Origin, Peer, PortInfo, RankEndpoint,
+};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 use tracing::{debug, info, warn};
@@ -13,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::core::{Comm, ConnId, Core, Group, Reporting, Standing};
 use super::ops::OpKind;
 use crate::auth::Role;
-use crate::compiler::{compile, CommunicatorSpec, Compiled};
+use crate::compiler::{compile_with_macs, port_mac, CommunicatorSpec, Compiled};
 
 /// SHA-256 of a communicator key, lowercase hex (what switches keep and report).
 fn key_digest(key: &str) -> String {
@@ -204,6 +206,7 @@ impl Core {
             );
             return refuse(self, reason);
         }
+        let mut reported = BTreeMap::new();
         for p in ports {
             let Some(tp) = sw.ports.iter().find(|tp| tp.name == p.name) else {
                 let reason = format!(
@@ -220,8 +223,15 @@ impl Core {
                 );
                 return refuse(self, reason);
             }
-            if let Some(mac) = p.mac.filter(|m| *m != tp.mac) {
-                warn!(switch = %sw.name, port = %p.name, %mac, topology_mac = %tp.mac, "port MAC differs from topology; rules use the topology MAC");
+            if let Some(mac) = p.mac {
+                if !mac.is_unicast() || mac == EthernetAddress([0; 6]) {
+                    let reason = format!(
+                        "port `{}`: switch reports MAC {mac}, which is not a unicast address",
+                        p.name
+                    );
+                    return refuse(self, reason);
+                }
+                reported.insert(p.name.clone(), mac);
             }
         }
         // No takeover: a switch is served by one authenticated connection at a time. A
@@ -234,6 +244,9 @@ impl Core {
             return refuse(self, reason);
         }
         self.switches.insert(switch_id, conn);
+        // Before the held communicators are judged: rules with a port's old MAC are
+        // then changed rules, dropped and re-pushed.
+        self.take_port_macs(switch_id, reported);
         let gso = ports.iter().filter(|p| p.takes_gso).map(|p| p.name.clone()).collect();
         self.gso_ports.insert(switch_id, gso);
         if let Some(c) = self.conns.get_mut(&conn) {
@@ -248,6 +261,87 @@ impl Core {
         // current switch it means the same as an empty verdict.
         let plain = held.is_empty() && !more_held;
         self.judge_held(conn, id, switch_id, held, more_held, plain);
+    }
+
+    /// A switch registered with these port MACs: the rules use them from now on (the
+    /// topology's for ports it did not report). If a port's MAC changed (a restarted
+    /// container has new ones), the live communicators' rules are changed on both ends
+    /// of its links, and its neighbours are re-pushed theirs; the switch itself gets
+    /// its own in the re-push that follows its registration. Hosts of communicators
+    /// created before keep the switch MAC their endpoint named.
+    fn take_port_macs(&mut self, switch_id: u32, reported: BTreeMap<String, EthernetAddress>) {
+        let topo = &self.cfg.topology;
+        let Some(si) = topo.switch_by_id(switch_id) else { return };
+        let sw = &topo.switches[si];
+        let (mut by_name, mut by_ip) = (HashMap::new(), HashMap::new());
+        let (mut differ, mut renewed) = (Vec::new(), Vec::new());
+        let last = self.port_macs.get(&switch_id);
+        for (pi, tp) in sw.ports.iter().enumerate() {
+            let Some(&mac) = reported.get(&tp.name) else { continue };
+            if mac != tp.mac {
+                differ.push(format!("{}={mac}", tp.name));
+            }
+            if let Some(old) = last.and_then(|m| m.get(&tp.name)).filter(|old| **old != mac) {
+                renewed.push(format!("{}={old}->{mac}", tp.name));
+            }
+            let before = port_mac(&self.port_macs, sw, pi);
+            if mac != before {
+                by_name.insert(tp.name.clone(), mac);
+                by_ip.insert(tp.addr.ip, mac);
+            }
+        }
+        if !differ.is_empty() {
+            info!(switch = %sw.name, ports = %differ.join(" "), "port MACs differ from the topology; rules use the reported MACs");
+        }
+        self.port_macs.entry(switch_id).or_default().extend(reported);
+        if by_name.is_empty() {
+            return;
+        }
+        let mut neighbours: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+        let mut own = 0;
+        for (&comm_id, c) in self.comms.iter_mut() {
+            for r in c.compiled.rules.iter_mut() {
+                let mine = r.switch_id == switch_id;
+                for conn in r.connections.iter_mut() {
+                    if mine {
+                        if let Some(&m) = by_name.get(&conn.port) {
+                            conn.local_mac = m;
+                            own += 1;
+                        }
+                    }
+                    let peer_is_it =
+                        matches!(conn.peer, Peer::Switch { switch_id: s } if s == switch_id);
+                    if let Some(&m) = by_ip.get(&conn.peer_ip).filter(|_| peer_is_it) {
+                        if conn.peer_mac != Some(m) {
+                            conn.peer_mac = Some(m);
+                            if !mine {
+                                neighbours.entry(r.switch_id).or_default().insert(comm_id);
+                            }
+                        }
+                    }
+                }
+            }
+            for e in c.compiled.endpoints.iter_mut().filter(|e| e.switch_id == switch_id) {
+                if let Some(&m) = by_name.get(&e.switch_port) {
+                    e.switch_mac = m;
+                }
+            }
+        }
+        if !renewed.is_empty() || own > 0 || !neighbours.is_empty() {
+            info!(switch = %sw.name, ports = %renewed.join(" "), connections = own, neighbours = neighbours.len(), "port MACs changed since the last registration; live rules follow");
+        }
+        for (neighbour, comms) in neighbours {
+            // One not connected now gets the changed rules when it registers.
+            if self.switches.contains_key(&neighbour) {
+                info!(
+                    switch = %self.switch_label(neighbour),
+                    peer = %self.switch_label(switch_id),
+                    communicators = comms.len(),
+                    "re-pushing rules: a peer's port MAC changed"
+                );
+                self.queue_repush(neighbour, comms);
+            }
+        }
     }
 
     /// The next part of a registering switch's held communicators.
@@ -536,8 +630,14 @@ impl Core {
         let spec = CommunicatorSpec { comm_id, ranks, mtu, window };
         // Compiling checks the request against every switch's limits before it
         // allocates anything.
-        let compiled = compile(&self.cfg.topology, &spec, &mut self.alloc, self.cfg.seed)
-            .map_err(|e| e.to_string())?;
+        let compiled = compile_with_macs(
+            &self.cfg.topology,
+            &spec,
+            &mut self.alloc,
+            self.cfg.seed,
+            &self.port_macs,
+        )
+        .map_err(|e| e.to_string())?;
         let missing: Vec<String> = compiled
             .rules
             .iter()
