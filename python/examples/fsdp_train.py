@@ -18,12 +18,10 @@ process group, so the final parameters are gathered with ``all_gather_into_tenso
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.distributed as dist
 
-from ddp_train import accuracy, flat_params, init, load, model, parse, report, train
+from ddp_train import accuracy, flat_params, init, leave, load, model, parse, report, train
 
 
 def shard(net, world: int, want: str):
@@ -89,4 +87,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
