@@ -844,11 +844,18 @@ fn switch_memory_does_not_grow_with_length() {
         println!(
             "{count} elements: peak switch memory {peak} bytes (bound from the rules {bound})"
         );
+        assert!(peak <= bound, "count {count}: peak switch memory {peak} above the bound {bound}");
         peak
     };
     let small = peak(64 * 1024);
     let large = peak(4 << 20);
-    assert!(large <= small, "peak switch memory grew from {small} to {large} bytes");
+    // Send-queue buffers are allocated as traffic needs them (inc-protocol), so the peak
+    // moves by a frame or two with timing; a 64 times longer vector must not move it
+    // by more than 2 %.
+    assert!(
+        large <= small + small / 50,
+        "peak switch memory grew from {small} to {large} bytes with the vector length"
+    );
 }
 
 /// Closing note numbers: simulated goodput and retransmissions of a 16 MiB AllReduce on
