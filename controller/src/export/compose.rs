@@ -15,8 +15,8 @@ use std::net::Ipv4Addr;
 
 use super::{
     check_carrier, command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip,
-    q, role_name, roles, secret, secrets, switch_capabilities, ExportError, ExportOptions,
-    HostTransport, Role, MGMT_IF, SECRETS_IN_CONTAINER, TOPOLOGY_IN_CONTAINER,
+    q, role_image, role_name, roles, secret, secrets, switch_capabilities, ExportError,
+    ExportOptions, HostTransport, Role, MGMT_IF, SECRETS_IN_CONTAINER, TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -117,11 +117,7 @@ pub fn render(
             ));
             nets.push((links[k].name.clone(), ip));
         }
-        let (image, what) = match role {
-            Role::Controller => (&opts.images.controller, "controller".to_string()),
-            Role::Switch(i) => (&opts.images.switch, format!("switch id {}", t.switches[i].id)),
-            Role::Host(i) => (&opts.images.host, format!("host, rank {i}")),
-        };
+        let (image, what) = role_image(t, role, opts);
         let _ = writeln!(o, "  # {what}");
         let _ = writeln!(o, "  {name}:");
         let _ = writeln!(o, "    image: {}", q(&with_tag_variable(image)));

@@ -234,6 +234,15 @@ pub fn roles(t: &Topology) -> Vec<Role> {
         .collect()
 }
 
+/// The image a role's container runs, and what the role is (a comment in the file).
+pub(crate) fn role_image<'a>(t: &Topology, r: Role, opts: &'a ExportOptions) -> (&'a str, String) {
+    match r {
+        Role::Controller => (&opts.images.controller, "controller".to_string()),
+        Role::Switch(i) => (&opts.images.switch, format!("switch id {}", t.switches[i].id)),
+        Role::Host(i) => (&opts.images.host, format!("host, rank {i}")),
+    }
+}
+
 /// Container (service / node) name of a role: the element's topology name.
 pub fn role_name(t: &Topology, r: Role) -> &str {
     match r {
