@@ -287,11 +287,6 @@ impl HostCollective {
         self.calls.iter().any(|c| c.outcome.is_none())
     }
 
-    /// Calls held: running, or finished and not yet reported.
-    pub fn calls(&self) -> usize {
-        self.calls.len()
-    }
-
     /// Whether [`Self::enqueue`] takes another call.
     pub fn has_room(&self) -> bool {
         self.calls.len() < MAX_IN_FLIGHT
