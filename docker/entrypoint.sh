@@ -14,9 +14,11 @@
 #                            mgmt0
 #                   MAC      MAC to set, or - to keep Docker's (ignored under
 #                            INC_KEEP_MACS=1)
-#                   ADDR     ip/prefix to configure, or - for none: switch ports have no
+#                   ADDR     ip/prefix to configure, - for none (switch ports have no
 #                            kernel address, so only the switch process answers ARP and
-#                            the kernel never answers RoCE with ICMP
+#                            the kernel never answers RoCE with ICMP), or docker to
+#                            keep Docker's (Swarm's management network: others reach
+#                            this container by its service name)
 # INC_LINK_MTU    MTU of data interfaces (every NAME but mgmt0), if set
 # INC_KEEP_MACS   1: keep Docker's MAC on every interface, and run a switch with its
 #                 ports' actual MACs (--port SWITCH:PORT=PORT,mac=MAC appended to the
@@ -105,8 +107,11 @@ for i in "${!CUR[@]}"; do
         ip link set dev "$dev" mtu "$INC_LINK_MTU"
     fi
     # Docker's carrier address goes; the topology's (if any) takes its place.
-    ip -4 addr flush dev "$dev"
-    [ "${ADDR[$i]}" = - ] || ip addr add "${ADDR[$i]}" dev "$dev"
+    case "${ADDR[$i]}" in
+        docker) ADDR[$i]="$(ip -o -4 addr show dev "$dev" | awk '{print $4; exit}')" ;;
+        -) ip -4 addr flush dev "$dev" ;;
+        *) ip -4 addr flush dev "$dev" && ip addr add "${ADDR[$i]}" dev "$dev" ;;
+    esac
     # veth leaves TX checksums to an offload that never happens for frames that stay
     # virtual; RoCE receivers drop such packets.
     ethtool -K "$dev" tx off >/dev/null 2>&1 || { [ "$ROLE" != host ] || die "ethtool -K $dev tx off failed"; }

@@ -47,10 +47,13 @@ struct Conn {
 }
 
 impl Conn {
-    fn connect<A: ToSocketAddrs>(addr: A, timeout: Duration) -> Result<Conn, ClientError> {
+    fn connect<A: ToSocketAddrs + std::fmt::Display>(
+        addr: A,
+        timeout: Duration,
+    ) -> Result<Conn, ClientError> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
-            .map_err(|source| ClientError::Connect { addr: "<unresolved>".into(), source })?
+            .map_err(|source| ClientError::Connect { addr: addr.to_string(), source })?
             .collect();
         let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
         for a in &addrs {
@@ -161,7 +164,10 @@ pub struct ControllerClient {
 
 impl ControllerClient {
     /// Connect to the controller.
-    pub fn connect<A: ToSocketAddrs>(addr: A, timeout: Duration) -> Result<Self, ClientError> {
+    pub fn connect<A: ToSocketAddrs + std::fmt::Display>(
+        addr: A,
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
         Ok(ControllerClient { conn: Conn::connect(addr, timeout)? })
     }
 
@@ -366,7 +372,7 @@ fn held_parts(held: Vec<HeldCommunicator>) -> Vec<Vec<HeldCommunicator>> {
 impl SwitchSession {
     /// Connect and register, holding nothing. Fails if the controller rejects the
     /// registration.
-    pub fn connect<A: ToSocketAddrs>(
+    pub fn connect<A: ToSocketAddrs + std::fmt::Display>(
         addr: A,
         switch_id: u32,
         token: Option<String>,
@@ -380,7 +386,7 @@ impl SwitchSession {
     /// Connect, register and report the held communicators (in parts of at most
     /// [`HELD_CHUNK_BYTES`]; `timeout` bounds each step). Pushes that arrive meanwhile
     /// are kept for [`Self::next_push`], so the caller applies the verdict first.
-    pub fn register<A: ToSocketAddrs>(
+    pub fn register<A: ToSocketAddrs + std::fmt::Display>(
         addr: A,
         reg: Registration,
         timeout: Duration,

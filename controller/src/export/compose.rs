@@ -16,7 +16,8 @@ use std::net::Ipv4Addr;
 use super::{
     check_carrier, command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip,
     q, role_image, role_name, roles, secret, secrets, switch_capabilities, ExportError,
-    ExportOptions, HostTransport, Role, MGMT_IF, SECRETS_IN_CONTAINER, TOPOLOGY_IN_CONTAINER,
+    ExportOptions, HostTransport, MgmtNaming, Role, MGMT_IF, SECRETS_IN_CONTAINER,
+    TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -125,12 +126,16 @@ pub fn render(
         // docker-init as PID 1 forwards SIGTERM, so `docker stop` ends programs at once.
         let _ = writeln!(o, "    init: true");
         let _ = writeln!(o, "    stop_grace_period: 5s");
-        let _ = writeln!(o, "    command: {}", flow_list(&command(t, role, opts)));
+        let _ = writeln!(
+            o,
+            "    command: {}",
+            flow_list(&command(t, role, opts, MgmtNaming::TopologyAddresses))
+        );
         let _ = writeln!(o, "    environment:");
         let _ = writeln!(o, "      - {}", q(&format!("INC_IFACES={}", ifaces.join(" "))));
         let mut passthrough: Vec<&str> = vec!["RUST_LOG"];
         if let Role::Host(i) = role {
-            for e in host_env(t, i, HOST_DATA_IF, opts.transport) {
+            for e in host_env(t, i, HOST_DATA_IF, opts.transport, MgmtNaming::TopologyAddresses) {
                 let _ = writeln!(o, "      - {}", q(&e));
             }
             passthrough.extend_from_slice(HOST_PASSTHROUGH);

@@ -14,7 +14,8 @@ use std::net::Ipv4Addr;
 
 use super::{
     command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip, q, role_name,
-    roles, secret, switch_capabilities, ExportError, ExportOptions, Role, TOPOLOGY_IN_CONTAINER,
+    roles, secret, switch_capabilities, ExportError, ExportOptions, MgmtNaming, Role,
+    TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -68,14 +69,14 @@ pub fn render(t: &Topology, opts: &ExportOptions) -> Result<String, ExportError>
         let _ = writeln!(o, "        INC_IFACES: {}", q(&ifaces.join(" ")));
         let _ = writeln!(o, "        INC_LINK_MTU: {}", q(&t.defaults.link_mtu.to_string()));
         if let Role::Host(i) = role {
-            for e in host_env(t, i, HOST_DATA_IF, opts.transport) {
+            for e in host_env(t, i, HOST_DATA_IF, opts.transport, MgmtNaming::TopologyAddresses) {
                 let (k, v) = e.split_once('=').expect("KEY=VALUE");
                 let _ = writeln!(o, "        {k}: {}", q(v));
             }
         }
         let cmd = match role {
             Role::Host(_) => "sleep infinity".to_string(),
-            _ => command(t, role, opts).join(" "),
+            _ => command(t, role, opts, MgmtNaming::TopologyAddresses).join(" "),
         };
         let _ = writeln!(o, "      cmd: {}", q(&cmd));
     }

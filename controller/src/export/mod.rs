@@ -206,13 +206,63 @@ pub fn switch_capabilities(backend: &str) -> Result<&'static [&'static str], Exp
 ///
 /// `locator` is how the entrypoint finds the interface: the IPv4 address Docker gave
 /// it (compose) or its name (containerlab creates interfaces with their final names).
-/// `mac` and `addr` are `-` to keep the MAC / configure no address.
+/// `mac` is `-` to keep Docker's MAC; `addr` is `-` to configure no address, or
+/// [`KEEP_DOCKER_ADDR`] to keep the address Docker gave the interface.
 pub fn iface_entry(locator: &str, name: &str, mac: Option<String>, addr: Option<String>) -> String {
     format!(
         "{locator}={name},{},{}",
         mac.unwrap_or_else(|| "-".into()),
         addr.unwrap_or_else(|| "-".into())
     )
+}
+
+/// `ADDR` of an [`iface_entry`] that keeps the interface's Docker address.
+pub const KEEP_DOCKER_ADDR: &str = "docker";
+
+/// How containers find each other on the management network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MgmtNaming {
+    /// By the topology's management addresses, which the entrypoints configure (compose,
+    /// containerlab: fixed addresses on one bridge).
+    TopologyAddresses,
+    /// By service name through Docker's DNS, on the addresses Docker gave (Swarm: its
+    /// overlays carry ARP between nodes only for Docker's own addresses).
+    ServiceNames,
+}
+
+impl MgmtNaming {
+    /// Where switches and rank 0 reach the controller (`host:port`).
+    pub fn controller(self, t: &Topology) -> String {
+        match self {
+            MgmtNaming::TopologyAddresses => t.controller.to_string(),
+            MgmtNaming::ServiceNames => format!("{CONTROLLER_NAME}:{}", t.controller.port()),
+        }
+    }
+
+    /// What the controller listens on.
+    pub fn listen(self, t: &Topology) -> String {
+        match self {
+            MgmtNaming::TopologyAddresses => t.controller.to_string(),
+            // Its only interface is the internal management network.
+            MgmtNaming::ServiceNames => format!("0.0.0.0:{}", t.controller.port()),
+        }
+    }
+
+    /// Where the other ranks reach rank 0 (the host programs add the default port).
+    pub fn master(self, t: &Topology) -> String {
+        match self {
+            MgmtNaming::TopologyAddresses => t.hosts[0].mgmt.to_string(),
+            MgmtNaming::ServiceNames => t.hosts[0].name.clone(),
+        }
+    }
+
+    /// The management address an entrypoint gives `role`'s `mgmt0`.
+    pub fn mgmt_addr(self, t: &Topology, role: Role) -> String {
+        match self {
+            MgmtNaming::TopologyAddresses => format!("{}/{}", mgmt_ip(t, role), t.mgmt_prefix),
+            MgmtNaming::ServiceNames => KEEP_DOCKER_ADDR.to_string(),
+        }
+    }
 }
 
 /// Role of a container.
@@ -336,8 +386,9 @@ pub fn ends_of(links: &[DataLink], role: Role) -> impl Iterator<Item = (usize, u
 }
 
 /// Command line of a controller or switch container (hosts run `inc-collective`).
-pub fn command(t: &Topology, r: Role, opts: &ExportOptions) -> Vec<String> {
-    let ctrl = t.controller.to_string();
+pub fn command(t: &Topology, r: Role, opts: &ExportOptions, naming: MgmtNaming) -> Vec<String> {
+    let ctrl = naming.controller(t);
+    let listen = naming.listen(t);
     let token_file;
     let v: Vec<&str> = match r {
         Role::Controller => {
@@ -350,7 +401,7 @@ pub fn command(t: &Topology, r: Role, opts: &ExportOptions) -> Vec<String> {
                 "--topology",
                 TOPOLOGY_IN_CONTAINER,
                 "--listen",
-                &ctrl,
+                &listen,
                 "--token-file",
                 &token_file,
             ]
@@ -376,13 +427,18 @@ pub fn command(t: &Topology, r: Role, opts: &ExportOptions) -> Vec<String> {
 
 /// Environment of a host container that the topology fixes: rank, world, rank 0's
 /// bootstrap address, controller, data interface (`host_if`).
-pub fn host_env(t: &Topology, rank: usize, host_if: &str, transport: HostTransport) -> Vec<String> {
-    let master = t.hosts[0].mgmt;
+pub fn host_env(
+    t: &Topology,
+    rank: usize,
+    host_if: &str,
+    transport: HostTransport,
+    naming: MgmtNaming,
+) -> Vec<String> {
     let mut env = vec![
         format!("INC_RANK={rank}"),
         format!("INC_WORLD={}", t.hosts.len()),
-        format!("INC_MASTER={master}"),
-        format!("INCCL_CONTROLLER={}", t.controller),
+        format!("INC_MASTER={}", naming.master(t)),
+        format!("INCCL_CONTROLLER={}", naming.controller(t)),
         format!("INCCL_IFACE={host_if}"),
     ];
     if transport == HostTransport::Verbs {
@@ -503,15 +559,18 @@ mod tests {
     #[test]
     fn host_env_names_rank_master_and_interface() {
         let t = testutil::topology("1-2-4");
-        let env = host_env(&t, 2, "eth0", HostTransport::Udp);
+        let env = host_env(&t, 2, "eth0", HostTransport::Udp, MgmtNaming::TopologyAddresses);
         assert!(env.contains(&"INC_RANK=2".to_string()));
         assert!(env.contains(&"INC_WORLD=4".to_string()));
         assert!(env.contains(&"INC_MASTER=10.0.0.5".to_string()), "{env:?}");
         assert!(env.contains(&"INCCL_CONTROLLER=10.0.0.1:7000".to_string()));
         assert!(!env.iter().any(|e| e.starts_with("INCCL_TRANSPORT")));
-        let env = host_env(&t, 0, "eth1", HostTransport::Verbs);
+        let env = host_env(&t, 0, "eth1", HostTransport::Verbs, MgmtNaming::TopologyAddresses);
         assert!(env.contains(&"INCCL_TRANSPORT=verbs".to_string()));
         assert!(env.contains(&"INCCL_IFACE=eth1".to_string()));
+        let env = host_env(&t, 3, "eth0", HostTransport::Udp, MgmtNaming::ServiceNames);
+        assert!(env.contains(&"INC_MASTER=h0".to_string()), "{env:?}");
+        assert!(env.contains(&"INCCL_CONTROLLER=ctrl:7000".to_string()), "{env:?}");
     }
 }
 

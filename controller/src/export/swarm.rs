@@ -12,8 +12,16 @@
 //! - `docker stack deploy` ignores `ipv4_address`: Docker picks each container's carrier
 //!   address (and Swarm takes one per node and network for its load balancer). So
 //!   `INC_IFACES` locates each interface by its network's carrier *subnet*;
-//!   `inc-entrypoint` then does what it does for compose: rename, set the topology's MAC,
-//!   remove Docker's address and add the topology's (none on switch ports).
+//!   `inc-entrypoint` renames it and keeps Docker's MAC (an overlay carries frames
+//!   between nodes only to the MACs Docker gave its endpoints; switches report them to
+//!   the controller, whose rules use them). A data interface gets the topology's address
+//!   in place of Docker's (none on switch ports).
+//! - The management network keeps Docker's addresses, and containers reach each other
+//!   by service name through Docker's DNS: the controller listens on all its addresses
+//!   (its only network is the internal management overlay), switches and rank 0 dial
+//!   `ctrl:PORT`, the other ranks reach rank 0 at its host's name. An overlay answers
+//!   ARP between nodes only for Docker's own addresses, so the topology's management
+//!   addresses would not resolve across nodes.
 //! - Services are placed by node labels: `--place NAME=NODE` pins an element to the nodes
 //!   labelled `inc-node=NODE` (`docker node update --label-add inc-node=NODE`); a host
 //!   not placed itself follows its edge switch, so host links stay on one node. An
@@ -32,9 +40,8 @@ use std::net::Ipv4Addr;
 
 use super::{
     check_carrier, command, compose::with_tag_variable, data_links, ends_of, flow_list, header,
-    host_env, iface_entry, mgmt_ip, q, role_image, role_name, roles, secret, secrets,
-    switch_capabilities, ExportError, ExportOptions, HostTransport, Role, MGMT_IF,
-    TOPOLOGY_IN_CONTAINER,
+    host_env, iface_entry, q, role_image, role_name, roles, secret, secrets, switch_capabilities,
+    ExportError, ExportOptions, HostTransport, MgmtNaming, Role, MGMT_IF, TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -172,7 +179,7 @@ pub fn render(
     }
     let links = data_links(t, HOST_DATA_IF);
     let carrier = allocate(t, pool, links.len())?;
-    let mgmt_prefix = t.mgmt_prefix;
+    let naming = MgmtNaming::ServiceNames;
     let link_mtu = t.defaults.link_mtu;
 
     let mut o = String::new();
@@ -185,9 +192,17 @@ pub fn render(
     );
     let _ = writeln!(
         o,
-        "# each entrypoint finds its interfaces by subnet and puts the topology's names,"
+        "# each entrypoint finds its interfaces by subnet, names them as the topology does"
     );
-    let _ = writeln!(o, "# MACs and addresses in place of Docker's.");
+    let _ = writeln!(
+        o,
+        "# and keeps Docker's MACs; data links get the topology's addresses, management"
+    );
+    let _ = writeln!(
+        o,
+        "# keeps Docker's and uses service names (controller {}).",
+        naming.controller(t)
+    );
     let _ = writeln!(
         o,
         "# Placement: node label {NODE_LABEL}; hosts idle until `docker exec C inc-collective`."
@@ -197,12 +212,8 @@ pub fn render(
     for role in roles(t) {
         let name = role_name(t, role);
         // Interfaces: management first, then data links in link order.
-        let mut ifaces = vec![iface_entry(
-            &cidr(carrier.mgmt),
-            MGMT_IF,
-            None,
-            Some(format!("{}/{mgmt_prefix}", mgmt_ip(t, role))),
-        )];
+        let mut ifaces =
+            vec![iface_entry(&cidr(carrier.mgmt), MGMT_IF, None, Some(naming.mgmt_addr(t, role)))];
         let mut nets = vec!["mgmt".to_string()];
         for (k, _, end) in ends_of(&links, role) {
             ifaces.push(iface_entry(
@@ -222,7 +233,7 @@ pub fn render(
         let _ = writeln!(o, "    stop_grace_period: 5s");
         let cmd = match role {
             Role::Host(_) => vec!["sleep".to_string(), "infinity".to_string()],
-            _ => command(t, role, opts),
+            _ => command(t, role, opts, naming),
         };
         let _ = writeln!(o, "    command: {}", flow_list(&cmd));
         let _ = writeln!(o, "    environment:");
@@ -231,7 +242,7 @@ pub fn render(
             let _ = writeln!(o, "      - {}", q(&format!("INC_LINK_MTU={link_mtu}")));
         }
         if let Role::Host(i) = role {
-            for e in host_env(t, i, HOST_DATA_IF, opts.transport) {
+            for e in host_env(t, i, HOST_DATA_IF, opts.transport, naming) {
                 let _ = writeln!(o, "      - {}", q(&e));
             }
         }
@@ -259,15 +270,9 @@ pub fn render(
             // The switch process is the data plane; the kernel must never route.
             let _ = writeln!(o, "      net.ipv4.ip_forward: \"0\"");
         }
-        if role == Role::Controller {
-            // Healthy once every switch of the topology has registered.
-            let _ = writeln!(o, "    healthcheck:");
-            let test = ["CMD", "inc-ready", &t.controller.to_string()];
-            let _ = writeln!(o, "      test: {}", flow_list(&test));
-            let _ = writeln!(o, "      interval: 1s");
-            let _ = writeln!(o, "      timeout: 5s");
-            let _ = writeln!(o, "      retries: 120");
-        }
+        // No healthcheck on the controller: Swarm's DNS names a task only once it is
+        // healthy, and a check that waits for every switch would keep the switches from
+        // finding the controller. `inc-ready` is run by whoever waits (scripts/swarm-demo).
         let _ = writeln!(o, "    networks: {}", flow_list(&nets));
         let _ = writeln!(o, "    deploy:");
         let _ = writeln!(o, "      endpoint_mode: dnsrr");
@@ -293,8 +298,7 @@ pub fn render(
     let _ = writeln!(o, "  {TOPOLOGY_CONFIG}:");
     let _ = writeln!(o, "    file: {}", q(&opts.topology_path));
     let _ = writeln!(o, "networks:");
-    let m = t.mgmt_subnet();
-    let _ = writeln!(o, "  # management {}/{}: controller {}", m.network(), m.prefix, t.controller);
+    let _ = writeln!(o, "  # management: Docker's addresses, service names through Docker's DNS");
     write_network(&mut o, "mgmt", carrier.mgmt, None);
     for (k, l) in links.iter().enumerate() {
         let _ = writeln!(o, "  # {}", l.describe);
@@ -441,7 +445,23 @@ mod tests {
         }
         assert!(ifaces("leaf1").contains("=h0,02:00:0a:01:01:01,-"), "{}", ifaces("leaf1"));
         assert!(ifaces("h0").contains("=eth0,02:00:0a:01:01:15,10.1.1.21/24"), "{}", ifaces("h0"));
-        assert!(ifaces("ctrl").ends_with("=mgmt0,-,10.0.0.1/24"), "{}", ifaces("ctrl"));
+        // Management on Docker's addresses, by service name.
+        assert!(ifaces("ctrl").ends_with("=mgmt0,-,docker"), "{}", ifaces("ctrl"));
+        assert!(ifaces("h3").starts_with(&format!("{}=mgmt0,-,docker ", subnet_of("mgmt"))));
+        assert!(env("h3").contains(&"INC_MASTER=h0".to_string()), "{:?}", env("h3"));
+        assert!(env("h3").contains(&"INCCL_CONTROLLER=ctrl:7000".to_string()));
+        let cmd = |n: &str| strings(svc(n), "command");
+        assert!(
+            cmd("leaf2").windows(2).any(|w| w == ["--controller", "ctrl:7000"]),
+            "{:?}",
+            cmd("leaf2")
+        );
+        assert!(
+            cmd("ctrl").windows(2).any(|w| w == ["--listen", "0.0.0.0:7000"]),
+            "{:?}",
+            cmd("ctrl")
+        );
+        assert!(!y.contains("10.0.0."), "a topology management address in the stack file");
         assert!(env("h0").contains(&"INC_RANK=0".to_string()));
         assert!(env("root").contains(&"INC_LINK_MTU=9000".to_string()));
         assert_eq!(strings(svc("h1"), "command"), ["sleep", "infinity"]);
