@@ -8,7 +8,9 @@
 #
 # Environment: RATE (default 200mbit), RUNS (demo runs per case, default 3), RUN_FIRST
 # (first run number, default 1, to add runs), ITERS (timed iterations per run, default
-# 3), SIZES (subset of "1M 16M"), TOPOS (subset of "4 9 64"), LOSSES (subset of "0 1"),
+# 3), WARMUP (untimed iterations first, default 1: the first collective of a
+# communicator also measures its set-up and its RTT estimator's start), SYNC (1, the default: an untimed Barrier before every iteration, scripts/demo
+# --sync, so the ranks start each timed collective together; 0: none), SIZES (subset of "1M 16M"), TOPOS (subset of "4 9 64"), LOSSES (subset of "0 1"),
 # COLLS (subset of "allreduce reduce broadcast"), SEEDS (inc-sim seeds, default 1; the
 # lossy cases vary with the seed), INC_BIN_DIR (release binaries for scripts/demo,
 # default target/release), SIM (inc-sim, default target/release/inc-sim), CTRL
@@ -31,7 +33,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 MODE="${1:?usage: $0 sim|emu|table [OUT]}"
 OUT="${2:-/tmp/validate-emulator}"
-RATE="${RATE:-200mbit}"; RUNS="${RUNS:-3}"; ITERS="${ITERS:-3}"
+RATE="${RATE:-200mbit}"; RUNS="${RUNS:-3}"; ITERS="${ITERS:-3}"; SYNC="${SYNC:-1}"; WARMUP="${WARMUP:-1}"
 SIZES="${SIZES:-1M 16M}"; TOPOS="${TOPOS:-4 9 64}"; LOSSES="${LOSSES:-0 1}"; COLLS="${COLLS:-allreduce reduce broadcast}"
 BIN="${INC_BIN_DIR:-$ROOT/target/release}"
 SIM="${SIM:-$ROOT/target/release/inc-sim}"
@@ -76,6 +78,8 @@ emu)
         prefix="v$n$loss${c:0:2}$run"; log="$OUT/demo-$n-$c-$loss-$run.log"
         counts="$(for s in $SIZES; do [ "$s" = 1M ] && echo 262144 || echo 4194304; done | paste -sd,)"
         extra=(); [ "$loss" = 0 ] || extra=(--loss "$loss%")
+        [ "$SYNC" = 0 ] || extra+=(--sync)
+        [ "$WARMUP" = 0 ] || extra+=(--warmup "$WARMUP")
         load="$(cut -d' ' -f1 /proc/loadavg)"
         # Sample the switch process (its command line names the demo's prefix).
         ( peak=0; last=""; tot=0

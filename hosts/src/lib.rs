@@ -101,6 +101,11 @@ pub struct Args {
     /// Untimed warm-up iterations.
     #[arg(long, default_value_t = 0)]
     pub warmup: u32,
+    /// Before every iteration, an untimed Barrier, so that the ranks start each timed
+    /// collective together (as OSU's and nccl-tests' timing loops do). Without it a rank
+    /// that starts an iteration early also times its wait for the others.
+    #[arg(long)]
+    pub sync: bool,
     /// Run in place: the result overwrites the input buffer (AllReduce, Reduce on the
     /// root, ReduceScatter into the rank's own block of its input, AllGather from the
     /// rank's own block of the result). Broadcast always runs in place; Barrier has no
@@ -585,6 +590,9 @@ fn run_typed<T: Element>(
             if let Some(at) = layout.preload {
                 buf[at..at + src.len()].copy_from_slice(&src);
             }
+        }
+        if args.sync {
+            comm.barrier().context("the barrier before an iteration (--sync)")?;
         }
         let t = Instant::now();
         if args.nonblocking.is_some() {

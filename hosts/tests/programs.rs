@@ -84,6 +84,19 @@ fn programs_pass_for_every_operator_and_datatype() {
     }
 }
 
+/// `--sync` (a Barrier before every iteration) and `--warmup` time only the timed
+/// iterations and still check every one.
+#[test]
+fn sync_and_warmup_iterations_pass() {
+    let Some(fabric) = Fabric::start("1-2-4.yaml") else { return };
+    let bin = env!("CARGO_BIN_EXE_inccl-allreduce");
+    for out in run_program(&fabric, bin, &["--sync", "--warmup", "1"]) {
+        let row = out.lines().find(|l| l.trim_end().ends_with("PASS")).expect("a result row");
+        // Column 8 is the number of timed iterations: --iters 2, the warm-up not counted.
+        assert_eq!(row.split_whitespace().nth(7), Some("2"), "{out}");
+    }
+}
+
 #[test]
 fn bad_arguments_are_refused() {
     let refused = |args: &[&str], names: &[&str]| {
