@@ -106,7 +106,8 @@ for i in "${!CUR[@]}"; do
     if [ -n "${INC_LINK_MTU:-}" ] && [ "$dev" != mgmt0 ]; then
         ip link set dev "$dev" mtu "$INC_LINK_MTU"
     fi
-    # Docker's carrier address goes; the topology's (if any) takes its place.
+    # Docker's carrier address goes and the topology's (if any) takes its place, unless
+    # the entry keeps Docker's (recorded for the summary).
     case "${ADDR[$i]}" in
         docker) ADDR[$i]="$(ip -o -4 addr show dev "$dev" | awk '{print $4; exit}')" ;;
         -) ip -4 addr flush dev "$dev" ;;

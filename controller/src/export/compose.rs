@@ -14,10 +14,9 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
 use super::{
-    check_carrier, command, data_links, ends_of, flow_list, header, host_env, iface_entry, mgmt_ip,
-    q, role_image, role_name, roles, secret, secrets, switch_capabilities, ExportError,
-    ExportOptions, HostTransport, MgmtNaming, Role, MGMT_IF, SECRETS_IN_CONTAINER,
-    TOPOLOGY_IN_CONTAINER,
+    check_carrier, command, data_links, ends_of, flow_list, header, host_env, iface_entry, q,
+    role_image, role_name, roles, secret, secrets, switch_capabilities, ExportError, ExportOptions,
+    HostTransport, MgmtNaming, Role, MGMT_IF, SECRETS_IN_CONTAINER, TOPOLOGY_IN_CONTAINER,
 };
 use crate::topology::Topology;
 
@@ -80,7 +79,6 @@ pub fn render(
     let links = data_links(t, HOST_DATA_IF);
     let carrier = allocate(t, pool, links.len())?;
     let all = roles(t);
-    let mgmt_prefix = t.mgmt_prefix;
 
     let mut o = String::new();
     header(&mut o, t, "Docker Compose file", "inc-controller export compose TOPOLOGY");
@@ -105,7 +103,7 @@ pub fn render(
             &carrier.mgmt.3[idx].to_string(),
             MGMT_IF,
             None,
-            Some(format!("{}/{mgmt_prefix}", mgmt_ip(t, role))),
+            Some(MgmtNaming::TopologyAddresses.mgmt_addr(t, role)),
         )];
         let mut nets = vec![("mgmt".to_string(), carrier.mgmt.3[idx])];
         for (k, e, end) in ends_of(&links, role) {
