@@ -4,8 +4,9 @@
 #![allow(dead_code)]
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use inc_switch_io::PortSpec;
+use inc_switch_io::{Backend, PortSpec};
 
 /// Two namespaces, `names[0]` holding `a0` and `names[1]` holding `b0`; deleted on drop.
 pub struct VethPair {
@@ -77,4 +78,30 @@ pub fn ip(args: &[&str]) -> bool {
 pub fn ip_out(args: &[&str]) -> String {
     let out = Command::new("ip").args(args).output().expect("ip");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits of 50 ms on an idle backend for 500 ms: returns how many waits that took and
+/// asserts the CPU they burnt stays under `max_ticks` clock ticks (a tick is 10 ms). Ten
+/// waits fill 500 ms; a spinning wait returns thousands of times. Callers allow a few
+/// extra: a signal (EINTR) may legitimately end a wait early.
+pub fn idle_waits(be: &mut dyn Backend, max_ticks: u64) -> u32 {
+    let t0 = Instant::now();
+    let cpu0 = cpu_ticks();
+    let mut waits = 0;
+    while t0.elapsed() < Duration::from_millis(500) {
+        be.wait(Some(Duration::from_millis(50))).unwrap();
+        be.recv_batch(64, &mut |_, _| {}).unwrap();
+        waits += 1;
+    }
+    let burnt = cpu_ticks() - cpu0;
+    assert!(burnt <= max_ticks, "{}: {waits} idle waits burnt {burnt} ticks", be.name());
+    waits
+}
+
+/// utime + stime of the calling thread in clock ticks.
+pub fn cpu_ticks() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
