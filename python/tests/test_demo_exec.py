@@ -46,7 +46,7 @@ def test_allreduce_example_through_demo_exec():
         if os.environ.get("CI") == "true":
             pytest.fail("scripts/demo needs root")
         pytest.skip("scripts/demo needs root")
-    bin_dir = Path(os.environ.get("INC_BIN_DIR") or ROOT / "target" / "release")
+    bin_dir = Path(os.environ.get("INC_BIN_DIR") or ROOT / "target" / "debug")
     for b in ("inc-switch", "inc-controller"):
         if not (bin_dir / b).exists():
             pytest.fail(f"{bin_dir / b} not found: scripts/python-test builds it")
@@ -93,7 +93,7 @@ def _needs_root_and_sklearn(bin_dir: Path) -> None:
 
 def _train(script: str, backend: str, save: Path, extra: str = "") -> dict:
     """Runs python/examples/<script> as 4 ranks on 1-2-4; returns what the ranks printed."""
-    bin_dir = Path(os.environ.get("INC_BIN_DIR") or ROOT / "target" / "release")
+    bin_dir = Path(os.environ.get("INC_BIN_DIR") or ROOT / "target" / "debug")
     _needs_root_and_sklearn(bin_dir)
     example = ROOT / "python" / "examples" / script
     run, left = _demo_exec(
