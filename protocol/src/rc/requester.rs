@@ -229,9 +229,8 @@ impl RcConnection {
         }
         if n > 0 {
             self.retries = 0;
-            match sample {
-                Some(t) => self.rtt.sample(now - t),
-                None => self.rtt.reset_backoff(),
+            if let Some(t) = sample {
+                self.rtt.sample(now - t);
             }
         }
         match kind {
@@ -560,6 +559,43 @@ mod tests {
         assert_eq!(f.psn(), Psn::new(0xFF_FFF1));
         assert!(matches!(f, RcFailure::RetriesExhausted { retries: 12, .. }));
         assert!(matches!(a.send(None, b"y"), Err(SendError::Failed(_))));
+    }
+
+    /// Karn: ACKs of packets sent more than once keep the backed-off timeout (on a
+    /// path slower than the RTO, dropping it resends the window again and again); the
+    /// first ACK of a packet sent once ends the backoff.
+    #[test]
+    fn only_a_fresh_sample_ends_the_backoff() {
+        let mut a = RcConnection::new(cfg(1, 2, 8));
+        let mut buf = vec![0u8; 2048];
+        let ack = AethRepr { syndrome: AethSyndrome::Ack { credits: 31 }, msn: 1 };
+        let mut now = Time::ZERO;
+        let mut sent = Vec::new();
+        for k in 0..3u8 {
+            a.send(None, &[k; 100]).unwrap();
+            let n = a.poll_transmit(now, &mut buf).expect("sent");
+            sent.push(RoceRepr::parse(&buf[..n]).unwrap().repr.bth.psn);
+        }
+        let base = a.poll_timeout().unwrap() - now;
+        now += base;
+        assert_eq!(a.handle_timeout(now), None);
+        while a.poll_transmit(now, &mut buf).is_some() {}
+        let backed_off = a.poll_timeout().unwrap() - now;
+        assert_eq!(backed_off, base * 2);
+        // The first retransmitted packet is acknowledged: progress, but no sample.
+        now += Duration::from_micros(100);
+        a.on_ack(now, sent[0], &ack);
+        assert_eq!(a.poll_timeout().unwrap() - now, backed_off);
+        // A packet sent once is acknowledged: its RTT is a sample, the backoff ends.
+        a.send(None, &[9; 100]).unwrap();
+        while a.poll_transmit(now, &mut buf).is_some() {}
+        let fresh = sent[2].next();
+        now += Duration::from_micros(100);
+        a.on_ack(now, fresh, &ack);
+        assert_eq!(a.queued(), 0);
+        a.send(None, &[10; 100]).unwrap();
+        a.poll_transmit(now, &mut buf).expect("sent");
+        assert!(a.poll_timeout().unwrap() - now < backed_off);
     }
 
     /// Our ACK is stuck behind a stream of the peer's requests on a slow way back: no

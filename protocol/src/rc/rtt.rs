@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 /// Smoothed RTT estimator: `RTO = SRTT + 4 * RTTVAR`, clamped to `[min, max]`, with
-/// exponential backoff on consecutive timeouts.
+/// exponential backoff on timeouts that only a new sample ends (Karn's algorithm, RFC
+/// 6298 5.5-5.7): acknowledgements of retransmitted packets say nothing of the RTT, and
+/// dropping the backoff on them re-arms a timer already shown too short.
 #[derive(Debug, Clone)]
 pub struct RttEstimator {
     srtt: Option<Duration>,
@@ -59,11 +61,6 @@ impl RttEstimator {
     /// A timeout fired: double the next timeout.
     pub fn on_timeout(&mut self) {
         self.backoff = self.backoff.saturating_add(1);
-    }
-
-    /// Forward progress without a usable sample: drop the backoff.
-    pub fn reset_backoff(&mut self) {
-        self.backoff = 0;
     }
 }
 
