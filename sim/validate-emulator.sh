@@ -16,6 +16,9 @@
 # default target/release), SIM (inc-sim, default target/release/inc-sim), CTRL
 # (inc-controller, default $INC_BIN_DIR's).
 #
+# At 64 hosts use RATE=5mbit on a 2-core machine: from 20 Mb/s up the 64 host
+# processes' wake-ups (about 135 thousand context switches a second) take the CPUs and
+# the emulator runs at half the links' pace (docs/SIMULATION.md, validation 2).
 # Both sides use the same topology: 4 hosts = topologies/1-2-4.yaml, 9 =
 # topologies/3-level.yaml, 64 = `inc-controller gen tree --fanout 4,4 --hosts-per-leaf 4`.
 # The emulator gets `scripts/demo --rate R [--loss 1%]` (every link direction emulated
@@ -108,7 +111,7 @@ emu)
         read -r peak tot <"$log.cpu" 2>/dev/null || { peak=NA; tot=NA; }
         hz="$(getconf CLK_TCK)"
         for cnt in ${counts//,/ }; do
-            slow="$(awk -v c="$cnt" '$1 ~ /^[0-9]+$/ && $4 == c && $NF == "PASS" { if ($9 > m) m = $9 } END { print m + 0 }' "$log")"
+            slow="$(awk -v c="$cnt" '$1 ~ /^[0-9]+$/ && $4 == c && $NF == "PASS" { if ($9 > m) m = $9 } END { printf "%.1f\n", m }' "$log")"
             r0="$(awk -v c="$cnt" '$1 == "0" && $4 == c { print $9 }' "$log" | head -1)"
             size=$([ "$cnt" = 262144 ] && echo 1M || echo 16M)
             echo "$n,$c,$loss,$run,$size,$slow,${r0:-NA},$([ "$peak" = NA ] && echo NA || echo $((peak * 100 / hz))),$([ "$tot" = NA ] && echo NA || awk -v t="$tot" -v h="$hz" 'BEGIN{printf "%.2f", t/h}'),$load" | tee -a "$OUT/emu.csv"
