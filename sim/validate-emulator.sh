@@ -12,7 +12,8 @@
 # communicator also measures its set-up and its RTT estimator's start), SYNC (1, the default: an untimed Barrier before every iteration, scripts/demo
 # --sync, so the ranks start each timed collective together; 0: none), SIZES (subset of "1M 16M"), TOPOS (subset of "4 9 64"), LOSSES (subset of "0 1"),
 # COLLS (subset of "allreduce reduce broadcast"), SEEDS (inc-sim seeds, default 1; the
-# lossy cases vary with the seed), INC_BIN_DIR (release binaries for scripts/demo,
+# lossy cases vary with the seed), HOST_QUEUE (inc-sim --host-queue: nic, the default, or
+# link), INC_BIN_DIR (release binaries for scripts/demo,
 # default target/release), SIM (inc-sim, default target/release/inc-sim), CTRL
 # (inc-controller, default $INC_BIN_DIR's).
 #
@@ -66,12 +67,14 @@ with_emulate() {
 case "$MODE" in
 sim)
     SEEDS="${SEEDS:-1}"
+    # nic (the default) or link: the emulator's hosts are neither (docs/SIMULATION.md).
+    HOST_QUEUE="${HOST_QUEUE:-nic}"
     [ -f "$OUT/sim.csv" ] || echo "hosts,collective,size,loss,seed,time_us,retransmissions,drops" >"$OUT/sim.csv"
     for n in $TOPOS; do for loss in $LOSSES; do
         spec="rate=$RATE"; [ "$loss" = 0 ] || spec="$spec,loss=$loss%"
         y="$OUT/sim-$n-$loss.yaml"; with_emulate "$(topo "$n")" "$spec" >"$y"
         for c in $COLLS; do for s in $SIZES; do for seed in $SEEDS; do
-            j="$(timeout 600 "$SIM" -t "$y" -c "$c" --size "$s" --seed "$seed" --format json)"
+            j="$(timeout 600 "$SIM" -t "$y" -c "$c" --size "$s" --seed "$seed" --host-queue "$HOST_QUEUE" --format json)"
             t="$(grep -o '"time_ns": *[0-9]*' <<<"$j" | head -1 | grep -o '[0-9]*$' | awk '{printf "%.1f", $1 / 1000}')"
             r="$(grep -o '"retransmissions": *[0-9]*' <<<"$j" | head -1 | grep -o '[0-9]*$')"
             d="$(grep -o '"queue_drops": *[0-9]*' <<<"$j" | head -1 | grep -o '[0-9]*$')"

@@ -15,4 +15,4 @@ pub mod net;
 pub mod sim;
 
 pub use data::Collective;
-pub use sim::{Sim, SimConfig, SimError, SimReport};
+pub use sim::{Sim, SimConfig, SimError, SimReport, HOST_TX_ALL, HOST_TX_BATCH};

@@ -71,6 +71,13 @@ struct Args {
     /// Per-frame processing time of a host, ns.
     #[arg(long, default_value_t = 0)]
     host_frame_cost: u64,
+    /// Where a host's unsent frames wait: `nic` takes 4 frames at a time from the
+    /// engine as it transmits (a RoCE NIC); `link` hands the link every frame the
+    /// engine has at once, so retransmissions and ACKs queue behind all of them, like
+    /// the emulator's hosts, whose links their switches emulate on the receive side
+    /// (they queue less than this: docs/SIMULATION.md, validation 2, compares both).
+    #[arg(long, value_enum, default_value_t = HostQueue::Nic)]
+    host_queue: HostQueue,
     /// Output queue per link direction in frames (waiting or being serialised);
     /// frames beyond it are dropped (tail drop). A YAML `limit=` overrides it.
     #[arg(long, default_value_t = inc_link_spec::DEFAULT_LIMIT)]
@@ -107,6 +114,12 @@ enum Format {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Compare {
     Ring,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HostQueue {
+    Nic,
+    Link,
 }
 
 fn parse_size(s: &str) -> Result<u64> {
@@ -168,6 +181,10 @@ fn main() -> Result<()> {
         queue_frames: args.queue_frames,
         switch_frame_cost: args.switch_frame_cost,
         host_frame_cost: args.host_frame_cost,
+        host_tx_ahead: match args.host_queue {
+            HostQueue::Nic => inc_sim::HOST_TX_BATCH,
+            HostQueue::Link => inc_sim::HOST_TX_ALL,
+        },
         wire_overhead: args.wire_overhead,
         mtu: args.mtu,
         window: args.window,

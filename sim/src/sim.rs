@@ -45,6 +45,10 @@ pub struct SimConfig {
     pub switch_frame_cost: Nanos,
     /// Time a host spends on each frame it receives.
     pub host_frame_cost: Nanos,
+    /// Frames a host's NIC takes from its engine ahead of its link
+    /// ([`HOST_TX_BATCH`] for a NIC; [`HOST_TX_ALL`] hands the link everything, more
+    /// than the emulator's hosts do with the links their switches emulate).
+    pub host_tx_ahead: usize,
     /// Extra bytes per frame on the wire (0: frame bytes only, like the emulator).
     pub wire_overhead: u32,
     /// Payload size override (else the YAML's `defaults.mtu`).
@@ -68,6 +72,7 @@ impl Default for SimConfig {
             queue_frames: DEFAULT_LIMIT,
             switch_frame_cost: 0,
             host_frame_cost: 0,
+            host_tx_ahead: HOST_TX_BATCH,
             wire_overhead: 0,
             mtu: None,
             window: None,
@@ -414,6 +419,9 @@ struct Shared {
 pub const SAMPLE_RANKS: usize = 1024;
 /// Frames a host's NIC takes from its engine ahead of its link (one wake-up per batch).
 pub const HOST_TX_BATCH: usize = 4;
+/// [`SimConfig::host_tx_ahead`] for a host that hands every frame its engine has to the
+/// link at once: its retransmissions and ACKs then queue behind all of them.
+pub const HOST_TX_ALL: usize = usize::MAX;
 
 /// Distinct inputs of the ranks outside the sample.
 pub const PATTERNS: usize = 16;
@@ -955,10 +963,10 @@ impl Sim {
     /// Sends every frame node `n` has, then re-arms its timer.
     ///
     /// A switch hands every frame it has to its ports' output queues at once. A host's
-    /// NIC takes frames from the engine only while fewer than [`HOST_TX_BATCH`] wait
-    /// for its link (as a NIC fetches work requests while it transmits), and is woken
-    /// when they are sent: the engine's send queue holds the window, no copy of it
-    /// waits in a NIC queue.
+    /// NIC takes frames from the engine only while fewer than
+    /// [`SimConfig::host_tx_ahead`] wait for its link (as a NIC fetches work requests
+    /// while it transmits), and is woken when they are sent: the engine's send queue
+    /// holds the window, no copy of it waits in a NIC queue.
     fn after_node(&mut self, n: usize) -> Result<(), SimError> {
         let t = self.now;
         let host_dir = (n >= self.n_switches).then(|| self.out_dirs[n][0]);
@@ -966,7 +974,7 @@ impl Sim {
             if let Some(d) = host_dir.filter(|&d| d != u32::MAX) {
                 let dir = &mut self.dirs[d as usize];
                 let free = dir.busy_until();
-                if dir.backlog(t) >= HOST_TX_BATCH {
+                if dir.backlog(t) >= self.cfg.host_tx_ahead {
                     if self.tx_wait[n] == Nanos::MAX {
                         self.tx_wait[n] = free;
                         self.queue.push(free, Event::TxReady { node: n as u32 });

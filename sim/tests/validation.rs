@@ -167,6 +167,42 @@ fn a_short_output_queue_drops_and_the_collective_still_completes() {
     assert!(deep.time_ns < r.time_ns);
 }
 
+/// `host_tx_ahead`: a host that hands its link every frame at once (the emulator's
+/// host links) changes nothing without loss, where the links set the pace; with loss on
+/// the host links its go-back-N copies and ACKs queue behind its whole send queue, so
+/// the same losses cost more time than behind a NIC's few frames.
+#[test]
+fn a_host_that_queues_everything_on_its_link_pays_more_for_loss() {
+    let tree = |loss: &str| {
+        let spec = TreeSpec {
+            name: "host-queue".into(),
+            fanout: vec![2],
+            hosts_per_leaf: 2,
+            host_link_emulation: Some(format!("rate=200mbit{loss}")),
+            switch_link_emulation: vec![Some("rate=200mbit".into())],
+            ..TreeSpec::default()
+        };
+        Topology::parse("host-queue", &tree_yaml(&spec).unwrap()).unwrap()
+    };
+    let nic = SimConfig { bytes: 1 << 20, ..SimConfig::default() };
+    let link = SimConfig { host_tx_ahead: inc_sim::HOST_TX_ALL, ..nic.clone() };
+    let (a, _) = run(tree(""), nic.clone());
+    let (b, _) = run(tree(""), link.clone());
+    assert_eq!((a.retransmissions, b.retransmissions), (0, 0));
+    let lossless = b.time_ns as f64 / a.time_ns as f64;
+    assert!((lossless - 1.0).abs() < 0.02, "lossless: link / nic = {lossless:.3}");
+    let (mut nic_ns, mut link_ns) = (0, 0);
+    for seed in 1..=3 {
+        let (a, _) = run(tree(",loss=1%"), SimConfig { seed, ..nic.clone() });
+        let (b, _) = run(tree(",loss=1%"), SimConfig { seed, ..link.clone() });
+        assert_eq!((a.verified_ranks, b.verified_ranks), (4, 4));
+        assert!(a.lost > 0 && b.lost > 0);
+        nic_ns += a.time_ns;
+        link_ns += b.time_ns;
+    }
+    assert!(link_ns > nic_ns, "1% loss, 3 seeds: link {link_ns} ns, nic {nic_ns} ns");
+}
+
 /// Per-frame costs slow the run down (a switch handling a frame in 1 µs cannot keep
 /// up with 4 KiB frames at 100 Gb/s).
 #[test]
