@@ -654,6 +654,7 @@ fn compile_inner(
                 gid: ipv4_gid(port.addr.ip),
                 // What the switch registered, filled in by the service.
                 switch_takes_gso: false,
+                link_rate_bps: None,
             });
         }
         let asker = host_of_rank[0];

@@ -54,6 +54,7 @@ fn register(core: &mut Core, conn: u64, id: u32, macs: &[(&str, EthernetAddress)
             ip: Some(p.addr.ip),
             mac: macs.iter().find(|(n, _)| *n == p.name).map(|(_, m)| *m),
             takes_gso: false,
+            rx_rate_bps: None,
         })
         .collect();
     core.open(conn, peer(10 + id as u8), now);

@@ -238,7 +238,13 @@ fn controller_end_to_end() {
     );
     let err = SwitchSession::connect(addr, 1, Some("wrong".into()), vec![], T).unwrap_err();
     assert!(matches!(&err, ClientError::Rejected(r) if r.contains("authentication")), "{err}");
-    let bad_port = vec![PortInfo { name: "eth7".into(), ip: None, mac: None, takes_gso: false }];
+    let bad_port = vec![PortInfo {
+        name: "eth7".into(),
+        ip: None,
+        mac: None,
+        takes_gso: false,
+        rx_rate_bps: None,
+    }];
     let err = SwitchSession::connect(addr, 1, Some(SWITCH_TOKEN.into()), bad_port, T).unwrap_err();
     assert!(matches!(&err, ClientError::Rejected(r) if r.contains("no port `eth7`")), "{err}");
 

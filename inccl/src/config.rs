@@ -190,6 +190,10 @@ pub struct CommConfig {
     /// A sleeping rank costs the sender (the switch) a wake-up per datagram; where
     /// ranks and switch share cores that is most of a small collective's time.
     pub busy_poll: Duration,
+    /// Userspace transport: where the topology limits the rate of the host's link, send
+    /// no faster, a few frames ahead of it, as a NIC does (`INCCL_NIC_PACING`, `auto`;
+    /// `off` hands the link every frame at once, see the module table).
+    pub nic_pacing: bool,
 }
 
 impl CommConfig {
@@ -203,6 +207,7 @@ impl CommConfig {
             op_timeout: DEFAULT_OP_TIMEOUT,
             udp_gso: true,
             busy_poll: DEFAULT_BUSY_POLL,
+            nic_pacing: true,
         }
     }
 
@@ -230,16 +235,11 @@ impl CommConfig {
         if let Some(us) = env_parse::<u64>("INCCL_BUSY_POLL_US")? {
             self.busy_poll = Duration::from_micros(us);
         }
-        if let Some(v) = env_str("INCCL_UDP_GSO") {
-            self.udp_gso = match v.as_str() {
-                "auto" => true,
-                "off" => false,
-                _ => {
-                    return Err(Error::Config(format!(
-                        "environment variable INCCL_UDP_GSO=`{v}`: want auto or off"
-                    )))
-                }
-            };
+        if let Some(on) = env_auto_or_off("INCCL_UDP_GSO")? {
+            self.udp_gso = on;
+        }
+        if let Some(on) = env_auto_or_off("INCCL_NIC_PACING")? {
+            self.nic_pacing = on;
         }
         Ok(())
     }
@@ -252,6 +252,18 @@ pub(crate) fn transport_override() -> Result<Option<TransportKind>> {
 
 fn env_str(name: &str) -> Option<String> {
     env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+/// A switch that is `auto` (true) or `off` (false); `None` if unset.
+fn env_auto_or_off(name: &str) -> Result<Option<bool>> {
+    match env_str(name).as_deref() {
+        None => Ok(None),
+        Some("auto") => Ok(Some(true)),
+        Some("off") => Ok(Some(false)),
+        Some(v) => {
+            Err(Error::Config(format!("environment variable {name}=`{v}`: want auto or off")))
+        }
+    }
 }
 
 fn env_parse<T: FromStr>(name: &str) -> Result<Option<T>>

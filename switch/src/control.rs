@@ -265,7 +265,13 @@ mod tests {
             let infos = plan
                 .ports
                 .iter()
-                .map(|p| PortInfo { name: p.port.clone(), ip: p.ip, mac: p.mac, takes_gso: false })
+                .map(|p| PortInfo {
+                    name: p.port.clone(),
+                    ip: p.ip,
+                    mac: p.mac,
+                    takes_gso: false,
+                    rx_rate_bps: None,
+                })
                 .collect();
             let engine = SwitchEngine::new(SwitchEngineConfig {
                 switch_id: plan.id,

@@ -99,7 +99,14 @@ fn build<B: Backend>(
             let Some(ip) = p.ip else { bail!("port {}:{} has no address", plan.name, p.port) };
             ports.push(PortConfig { name: p.port.clone(), ip, mac });
             let takes_gso = backend.takes_gso_frames(base + lp);
-            infos.push(PortInfo { name: p.port.clone(), ip: Some(ip), mac: Some(mac), takes_gso });
+            let rx_rate_bps = shared.link_emu[pi].get(lp).and_then(|e| e.rx.as_ref()?.rate_bps);
+            infos.push(PortInfo {
+                name: p.port.clone(),
+                ip: Some(ip),
+                mac: Some(mac),
+                takes_gso,
+                rx_rate_bps,
+            });
             info!(switch = %plan.name, port = %p.port, iface = %p.iface, %ip, %mac, "port");
         }
         let engine = SwitchEngine::new(SwitchEngineConfig {

@@ -336,6 +336,7 @@ mod tests {
                         ip: None,
                         mac: None,
                         takes_gso: false,
+                        rx_rate_bps: None,
                     }],
                     topology: Some("1-2-4/0123456789abcdef".into()),
                     held: Vec::new(),

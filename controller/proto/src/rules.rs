@@ -178,6 +178,11 @@ pub struct HostEndpoint {
     /// offload may send runs of datagrams as one GSO frame.
     #[serde(default)]
     pub switch_takes_gso: bool,
+    /// Rate of the host's link to its switch in bits per second, where the switch's link
+    /// emulation limits it ([`PortInfo::rx_rate_bps`] of the port as the switch
+    /// registered it): the host sends no faster, as its NIC would not.
+    #[serde(default)]
+    pub link_rate_bps: Option<u64>,
 }
 
 /// A data-plane port as a switch sees it when registering.
@@ -196,4 +201,10 @@ pub struct PortInfo {
     /// kernel cut them first (see [`HostEndpoint::switch_takes_gso`]).
     #[serde(default)]
     pub takes_gso: bool,
+    /// The rate the switch's link emulation allows what arrives on this port, in bits
+    /// per second, if it limits it (a host port's `emulate: rate=...`, or
+    /// `inc-switch --link-emu`): the host behind it is told to send no faster
+    /// ([`HostEndpoint::link_rate_bps`]).
+    #[serde(default)]
+    pub rx_rate_bps: Option<u64>,
 }

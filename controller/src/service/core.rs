@@ -17,7 +17,8 @@ use std::time::Instant;
 
 use inc_ctrl_proto::codec::{decode_body, peek_id, FrameBuffer};
 use inc_ctrl_proto::{
-    CommunicatorStatus, Envelope, GroupStatus, Message, Origin, StatusReport, SwitchStatus,
+    CommunicatorStatus, Envelope, GroupStatus, Message, Origin, PortInfo, StatusReport,
+    SwitchStatus,
 };
 use tracing::{debug, info, warn};
 
@@ -156,8 +157,8 @@ pub struct Core {
     logs: LogLimiter,
     /// Registered switches by topology id.
     pub(super) switches: HashMap<u32, ConnId>,
-    /// Ports of each switch, as last registered, that take whole UDP GSO frames.
-    pub(super) gso_ports: HashMap<u32, BTreeSet<String>>,
+    /// Ports of each switch as it last registered them, by name.
+    pub(super) reported_ports: HashMap<u32, HashMap<String, PortInfo>>,
     /// MACs switches reported for their ports at their last registration: what the
     /// rules use in place of the topology's.
     pub(super) port_macs: PortMacs,
@@ -195,7 +196,7 @@ impl Core {
             slots: HashMap::new(),
             logs: LogLimiter::new(now),
             switches: HashMap::new(),
-            gso_ports: HashMap::new(),
+            reported_ports: HashMap::new(),
             port_macs: PortMacs::new(),
             groups: BTreeMap::new(),
             comms: BTreeMap::new(),

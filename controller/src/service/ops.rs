@@ -251,8 +251,10 @@ impl Core {
             );
             let mut endpoints = c.compiled.endpoints.clone();
             for e in &mut endpoints {
-                e.switch_takes_gso =
-                    self.gso_ports.get(&e.switch_id).is_some_and(|p| p.contains(&e.switch_port));
+                let port =
+                    self.reported_ports.get(&e.switch_id).and_then(|p| p.get(&e.switch_port));
+                e.switch_takes_gso = port.is_some_and(|p| p.takes_gso);
+                e.link_rate_bps = port.and_then(|p| p.rx_rate_bps);
             }
             return Message::CommunicatorCreated { comm_id, endpoints, key: Some(key) };
         }

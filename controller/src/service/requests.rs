@@ -247,8 +247,8 @@ impl Core {
         // Before the held communicators are judged: rules with a port's old MAC are
         // then changed rules, dropped and re-pushed.
         self.take_port_macs(switch_id, reported);
-        let gso = ports.iter().filter(|p| p.takes_gso).map(|p| p.name.clone()).collect();
-        self.gso_ports.insert(switch_id, gso);
+        let by_name = ports.iter().map(|p| (p.name.clone(), p.clone())).collect();
+        self.reported_ports.insert(switch_id, by_name);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.standing = Standing::Switch(switch_id);
             c.auth_deadline = None;

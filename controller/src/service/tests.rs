@@ -141,11 +141,17 @@ fn create_waits_for_the_switch_and_times_out_cleanly() {
 #[test]
 fn an_acknowledged_install_answers_the_host() {
     let (mut core, t0) = core();
-    // Port h1 takes whole GSO frames (an AF_PACKET switch on a veth): only the rank
-    // behind it hears so.
-    let port =
-        |name: &str, takes_gso| PortInfo { name: name.into(), ip: None, mac: None, takes_gso };
-    register_switch_with(&mut core, 1, t0, vec![port("h0", false), port("h1", true)]);
+    // Port h1 takes whole GSO frames (an AF_PACKET switch on a veth) and port h0's
+    // link emulation limits what arrives to 5 Mb/s: only the rank behind each hears so.
+    let port = |name: &str, takes_gso, rx_rate_bps| PortInfo {
+        name: name.into(),
+        ip: None,
+        mac: None,
+        takes_gso,
+        rx_rate_bps,
+    };
+    let ports = vec![port("h0", false, Some(5_000_000)), port("h1", true, None)];
+    register_switch_with(&mut core, 1, t0, ports);
     let hosts: Vec<_> = core.config().topology.hosts.iter().map(|h| h.addr.ip).collect();
     core.open(2, peer(3), t0);
     core.receive(2, &frame(1, Message::Hello { token: Some(HOST.into()) }), t0);
@@ -173,9 +179,19 @@ fn an_acknowledged_install_answers_the_host() {
     core.receive(1, &frame(push.id, Message::Ack), t0);
     let (r, _) = replies(&mut core, 2);
     let Message::CommunicatorCreated { endpoints, .. } = &r[0].body else { panic!("{r:?}") };
-    let gso: Vec<_> =
-        endpoints.iter().map(|e| (e.switch_port.as_str(), e.switch_takes_gso)).collect();
-    assert_eq!(gso, [("h0", false), ("h1", true), ("h2", false), ("h3", false)]);
+    let told: Vec<_> = endpoints
+        .iter()
+        .map(|e| (e.switch_port.as_str(), e.switch_takes_gso, e.link_rate_bps))
+        .collect();
+    assert_eq!(
+        told,
+        [
+            ("h0", false, Some(5_000_000)),
+            ("h1", true, None),
+            ("h2", false, None),
+            ("h3", false, None)
+        ]
+    );
     assert_eq!(core.status().communicators.len(), 1);
 }
 

@@ -19,7 +19,13 @@ pub fn connect_switch(
 ) -> SwitchSession {
     let ports: Vec<PortInfo> = ports
         .iter()
-        .map(|p| PortInfo { name: p.to_string(), ip: None, mac: None, takes_gso: false })
+        .map(|p| PortInfo {
+            name: p.to_string(),
+            ip: None,
+            mac: None,
+            takes_gso: false,
+            rx_rate_bps: None,
+        })
         .collect();
     let deadline = Instant::now() + timeout;
     loop {

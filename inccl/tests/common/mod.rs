@@ -107,6 +107,7 @@ impl Fabric {
                     ip: Some(p.addr.ip),
                     mac: Some(p.mac),
                     takes_gso: false,
+                    rx_rate_bps: None,
                 })
                 .collect();
             let (id, addr, stop, tx) =

@@ -19,11 +19,13 @@
 //! only cost a wake-up per datagram on a busy machine.
 //!
 //! Files: [`socket`] (the batched I/O of one QP and the socket's setup), [`send`] and
-//! [`recv`] (its send and receive paths), [`port`] (the socket shared by a process's
+//! [`recv`] (its send and receive paths), [`pace`] (sending at the host link's rate),
+//! [`port`] (the socket shared by a process's
 //! QPs and the demultiplexing by QPN), [`qp`] (a connected QP's state and its progress
 //! thread), [`sys`] (the system calls); this file is the [`Transport`] of a
 //! communicator.
 
+mod pace;
 mod port;
 mod qp;
 mod recv;
@@ -45,6 +47,7 @@ use tracing::{debug, trace};
 pub use self::recv::IdentRule;
 pub use self::socket::{RoceSocket, UdpStats};
 
+use self::pace::NicPacer;
 use self::port::{Attachment, SharedPort};
 use self::qp::{lock, progress_loop, Core, Progress};
 use self::send::GsoPath;
@@ -77,6 +80,8 @@ pub(crate) struct UdpTransport {
     gso: GsoPath,
     /// [`CommConfig::busy_poll`].
     busy_poll: Duration,
+    /// [`CommConfig::nic_pacing`].
+    nic_pacing: bool,
 }
 
 impl UdpTransport {
@@ -103,6 +108,7 @@ impl UdpTransport {
             switch_id: 0,
             gso,
             busy_poll: cfg.busy_poll,
+            nic_pacing: cfg.nic_pacing,
         })
     }
 
@@ -156,6 +162,8 @@ impl Transport for UdpTransport {
         let gso = self.gso.usable(ep.switch_takes_gso);
         debug!(rank = self.rank, path = ?self.gso, switch_takes_gso = ep.switch_takes_gso, gso, "UDP GSO sends");
         io.set_gso(gso);
+        let pacer = ep.link_rate_bps.filter(|&r| self.nic_pacing && r > 0).map(NicPacer::new);
+        debug!(rank = self.rank, link_rate_bps = ?ep.link_rate_bps, paced = pacer.is_some(), "NIC pacing");
         let core = Arc::new(Mutex::new(Core {
             io,
             qp,
@@ -164,6 +172,7 @@ impl Transport for UdpTransport {
             switch: SocketAddrV4::new(ep.switch_ip, inc_wire::ROCEV2_PORT),
             switch_mac: ep.switch_mac,
             last_collective: Instant::now(),
+            pacer,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

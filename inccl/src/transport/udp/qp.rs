@@ -9,12 +9,13 @@ use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use inc_protocol::Time;
+use inc_protocol::{earliest, Time};
 use inc_wire::EthernetAddress;
 use inccl_engine::{CallBuffers, HostEngine, OpBuffers};
 use nix::poll::PollFlags;
 use tracing::debug;
 
+use super::pace::NicPacer;
 use super::port::{Attachment, Inbox};
 use super::recv::{accept_frame, IdentRule};
 use super::socket::RoceSocket;
@@ -38,6 +39,8 @@ pub(super) struct Core {
     pub(super) switch_mac: EthernetAddress,
     /// When the last collective returned (the QP's creation before the first).
     pub(super) last_collective: Instant,
+    /// Sends at the host link's rate where the topology limits it.
+    pub(super) pacer: Option<NicPacer>,
 }
 
 impl Core {
@@ -45,11 +48,19 @@ impl Core {
         Time::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    /// Send everything the engine has ready. Returns packets sent.
+    /// Send everything the engine has ready, or what the link takes now if paced.
+    /// Returns packets sent.
     pub(super) fn flush<'a, B: CallBuffers<'a> + ?Sized>(&mut self, bufs: &B) -> io::Result<usize> {
-        let Core { io, epoch, engine, switch, .. } = self;
+        let Core { io, epoch, engine, switch, pacer, .. } = self;
         io.send_frames(*switch, |slot| {
-            engine.poll_transmit(Time::from_nanos(epoch.elapsed().as_nanos() as u64), slot, bufs)
+            let now = Time::from_nanos(epoch.elapsed().as_nanos() as u64);
+            let Some(p) = pacer else { return engine.poll_transmit(now, slot, bufs) };
+            if !p.has_room(now) {
+                return None;
+            }
+            let len = engine.poll_transmit(now, slot, bufs)?;
+            p.sent(now, len);
+            Some(len)
         })
     }
 
@@ -119,10 +130,11 @@ impl Core {
         }
     }
 
-    /// Time until the engine's next timer.
+    /// Time until the engine's next timer, or until the link takes more frames.
     pub(super) fn next_timer(&self) -> Option<Duration> {
         let now = self.now();
-        self.engine.poll_timeout().map(|t| if t > now { t - now } else { Duration::ZERO })
+        let link = self.pacer.as_ref().and_then(NicPacer::release);
+        earliest(self.engine.poll_timeout(), link).map(|t| t.saturating_sub(now))
     }
 
     /// Between collectives: ACK (or RNR-NAK) what arrives and run the RC timers, as an
