@@ -17,6 +17,10 @@
 # default target/release), SIM (inc-sim, default target/release/inc-sim), CTRL
 # (inc-controller, default $INC_BIN_DIR's).
 #
+# The hosts send at their links' rate (inccl's NIC pacing; INCCL_NIC_PACING=off in the
+# environment hands the emulated link every frame at once, as before). A 1 MiB
+# collective with 1 % loss varies by 2x with where the losses fall: give those rows 9
+# runs (RUN_FIRST=4 RUNS=9) and 27 seeds (docs/SIMULATION.md, validation 2).
 # At 64 hosts use RATE=5mbit on a 2-core machine: from 20 Mb/s up the 64 host
 # processes' wake-ups (about 135 thousand context switches a second) take the CPUs and
 # the emulator runs at half the links' pace (docs/SIMULATION.md, validation 2).
