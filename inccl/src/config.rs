@@ -190,9 +190,9 @@ pub struct CommConfig {
     /// A sleeping rank costs the sender (the switch) a wake-up per datagram; where
     /// ranks and switch share cores that is most of a small collective's time.
     pub busy_poll: Duration,
-    /// Userspace transport: where the topology limits the rate of the host's link, send
-    /// no faster, a few frames ahead of it, as a NIC does (`INCCL_NIC_PACING`, `auto`;
-    /// `off` hands the link every frame at once, see the module table).
+    /// Userspace transport: where the switch's link emulation limits the rate of what
+    /// this host sends it, send no faster, a few frames ahead of the link, as a NIC does
+    /// (`INCCL_NIC_PACING`: `auto`; `off` hands the link every frame at once).
     pub nic_pacing: bool,
 }
 
@@ -254,7 +254,7 @@ fn env_str(name: &str) -> Option<String> {
     env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
 }
 
-/// A switch that is `auto` (true) or `off` (false); `None` if unset.
+/// An `auto` (true) or `off` (false) setting; `None` if unset.
 fn env_auto_or_off(name: &str) -> Result<Option<bool>> {
     match env_str(name).as_deref() {
         None => Ok(None),
