@@ -20,10 +20,9 @@
 //!
 //! Files: [`socket`] (the batched I/O of one QP and the socket's setup), [`send`] and
 //! [`recv`] (its send and receive paths), [`pace`] (sending at the host link's rate),
-//! [`port`] (the socket shared by a process's
-//! QPs and the demultiplexing by QPN), [`qp`] (a connected QP's state and its progress
-//! thread), [`sys`] (the system calls); this file is the [`Transport`] of a
-//! communicator.
+//! [`port`] (the socket shared by a process's QPs and the demultiplexing by QPN), [`qp`]
+//! (a connected QP's state and its progress thread), [`sys`] (the system calls); this
+//! file is the [`Transport`] of a communicator.
 
 mod pace;
 mod port;
