@@ -71,7 +71,8 @@ with_emulate() {
 case "$MODE" in
 sim)
     SEEDS="${SEEDS:-1}"
-    # nic (the default) or link: the emulator's hosts are neither (docs/SIMULATION.md).
+    # nic (the default; the emulator's hosts pace themselves as a NIC does) or link (as
+    # they send with INCCL_NIC_PACING=off; docs/SIMULATION.md).
     HOST_QUEUE="${HOST_QUEUE:-nic}"
     [ -f "$OUT/sim.csv" ] || echo "hosts,collective,size,loss,seed,time_us,retransmissions,drops" >"$OUT/sim.csv"
     for n in $TOPOS; do for loss in $LOSSES; do

@@ -72,10 +72,10 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     host_frame_cost: u64,
     /// Where a host's unsent frames wait: `nic` takes 4 frames at a time from the
-    /// engine as it transmits (a RoCE NIC); `link` hands the link every frame the
-    /// engine has at once, so retransmissions and ACKs queue behind all of them, like
-    /// the emulator's hosts, whose links their switches emulate on the receive side
-    /// (they queue less than this: docs/SIMULATION.md, validation 2, compares both).
+    /// engine as it transmits (a RoCE NIC, and the emulator's paced hosts); `link` hands
+    /// the link every frame the engine has at once, so retransmissions and ACKs queue
+    /// behind all of them, like the emulator's hosts with `INCCL_NIC_PACING=off`
+    /// (docs/SIMULATION.md, validation 2, compares both).
     #[arg(long, value_enum, default_value_t = HostQueue::Nic)]
     host_queue: HostQueue,
     /// Output queue per link direction in frames (waiting or being serialised);

@@ -46,8 +46,8 @@ pub struct SimConfig {
     /// Time a host spends on each frame it receives.
     pub host_frame_cost: Nanos,
     /// Frames a host's NIC takes from its engine ahead of its link
-    /// ([`HOST_TX_BATCH`] for a NIC; [`HOST_TX_ALL`] hands the link everything, more
-    /// than the emulator's hosts do with the links their switches emulate).
+    /// ([`HOST_TX_BATCH`] for a NIC; [`HOST_TX_ALL`] hands the link everything, as the
+    /// emulator's hosts do with `INCCL_NIC_PACING=off`).
     pub host_tx_ahead: usize,
     /// Extra bytes per frame on the wire (0: frame bytes only, like the emulator).
     pub wire_overhead: u32,

@@ -168,7 +168,7 @@ fn a_short_output_queue_drops_and_the_collective_still_completes() {
 }
 
 /// `host_tx_ahead`: a host that hands its link every frame at once (the emulator's
-/// host links) changes nothing without loss, where the links set the pace; with loss on
+/// hosts with `INCCL_NIC_PACING=off`) changes nothing without loss, where the links set the pace; with loss on
 /// the host links its go-back-N copies and ACKs queue behind its whole send queue, so
 /// the same losses cost more time than behind a NIC's few frames.
 #[test]

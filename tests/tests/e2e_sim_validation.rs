@@ -10,7 +10,8 @@
 //! machine: the emulator may not beat the link rate the simulation models (5 % margin),
 //! and may not take more than 1.5 times the prediction; the error is printed. The hosts
 //! send at their links' rate, a few frames ahead, as inc-sim's NICs do: the switches'
-//! emulation of the hosts' links never holds more than a NIC's few frames.
+//! emulation of a host's link may hold at most [`HOST_LINK_HELD_MAX`] frames, where
+//! hosts that sent their window at once made it hold over 100.
 
 use std::path::PathBuf;
 use std::time::Duration;

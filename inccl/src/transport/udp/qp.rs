@@ -39,7 +39,7 @@ pub(super) struct Core {
     pub(super) switch_mac: EthernetAddress,
     /// When the last collective returned (the QP's creation before the first).
     pub(super) last_collective: Instant,
-    /// Sends at the host link's rate where the topology limits it.
+    /// Sends at the host link's rate where the switch's link emulation limits it.
     pub(super) pacer: Option<NicPacer>,
 }
 
