@@ -421,6 +421,26 @@ impl Deployment {
         self.try_stats(name).unwrap_or_else(|| panic!("switch {name} does not serve its counters"))
     }
 
+    /// The link emulation counters (`inc-switch stats`, `link_emu`) of every emulated
+    /// direction (`tx`, `rx`) of every port of every switch, keyed by (switch, port,
+    /// direction).
+    pub fn link_emu_counters(&self) -> BTreeMap<(String, String, &'static str), Value> {
+        let mut out = BTreeMap::new();
+        for sw in &self.plan.switches {
+            let s = self.stats(&sw.name);
+            for port in s["switches"][0]["ports"].as_array().into_iter().flatten() {
+                let name = port["name"].as_str().unwrap_or("?");
+                for dir in ["tx", "rx"] {
+                    let c = &port["link_emu"][dir]["counters"];
+                    if c.is_object() {
+                        out.insert((sw.name.clone(), name.to_string(), dir), c.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Start `program` (e.g. `inccl-allreduce`) on every host: `count` elements,
     /// `extra` arguments, `env` on top of the controller and interface settings.
     /// `job` picks the bootstrap port, so runs may overlap.

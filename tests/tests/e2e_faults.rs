@@ -46,16 +46,7 @@ fn switch_names(d: &Deployment) -> Vec<String> {
 
 /// Sum of one link emulation counter over every port and direction of every switch.
 fn emu_total(d: &Deployment, counter: &str) -> u64 {
-    let mut n = 0;
-    for name in switch_names(d) {
-        let s = d.stats(&name);
-        for port in s["switches"][0]["ports"].as_array().into_iter().flatten() {
-            for dir in ["tx", "rx"] {
-                n += port["link_emu"][dir]["counters"][counter].as_u64().unwrap_or(0);
-            }
-        }
-    }
-    n
+    d.link_emu_counters().values().map(|c| c[counter].as_u64().unwrap_or(0)).sum()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -132,20 +123,12 @@ fn lossy_links_keep_collectives_exact() {
 
 /// Per switch, per port and direction with link emulation: (lost, offered).
 fn emu_ports(d: &Deployment) -> BTreeMap<(String, String, String), (u64, u64)> {
-    let mut out = BTreeMap::new();
-    for name in switch_names(d) {
-        let s = d.stats(&name);
-        for port in s["switches"][0]["ports"].as_array().into_iter().flatten() {
-            for dir in ["tx", "rx"] {
-                let c = &port["link_emu"][dir]["counters"];
-                if let (Some(lost), Some(offered)) = (c["lost"].as_u64(), c["offered"].as_u64()) {
-                    let port = port["name"].as_str().unwrap_or("?").to_string();
-                    out.insert((name.clone(), port, dir.to_string()), (lost, offered));
-                }
-            }
-        }
-    }
-    out
+    d.link_emu_counters()
+        .into_iter()
+        .filter_map(|((sw, port, dir), c)| {
+            Some(((sw, port, dir.to_string()), (c["lost"].as_u64()?, c["offered"].as_u64()?)))
+        })
+        .collect()
 }
 
 #[test]

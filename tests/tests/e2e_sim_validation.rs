@@ -95,15 +95,12 @@ fn inc_sim_predicts_the_rate_limited_emulator() {
 /// Per host port (`switch:port`): the most frames the emulation of the host's link (the
 /// switch's receive side) held.
 fn host_link_max_held(d: &Deployment) -> Vec<(String, u64)> {
-    let mut out = Vec::new();
-    for sw in &d.plan.switches {
-        let s = d.stats(&sw.name);
-        for port in s["switches"][0]["ports"].as_array().into_iter().flatten() {
-            if let Some(n) = port["link_emu"]["rx"]["counters"]["max_held"].as_u64() {
-                out.push((format!("{}:{}", sw.name, port["name"].as_str().unwrap_or("?")), n));
-            }
-        }
-    }
+    let out: Vec<_> = d
+        .link_emu_counters()
+        .into_iter()
+        .filter(|((_, _, dir), _)| *dir == "rx")
+        .filter_map(|((sw, port, _), c)| Some((format!("{sw}:{port}"), c["max_held"].as_u64()?)))
+        .collect();
     assert!(!out.is_empty(), "no switch reports link emulation on a host port");
     out
 }
