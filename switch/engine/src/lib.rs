@@ -205,11 +205,14 @@ pub struct CommCounters {
     pub collectives_completed: u64,
     /// Collectives failed.
     pub collectives_failed: u64,
-    /// Chunks completed in the slot pool and sent on.
+    /// Chunks completed (every contributor's part arrived) and sent on.
     pub chunks_aggregated: u64,
     /// Of those, chunks whose last contribution was combined straight into the frame
     /// that carries the result on (no combine into the slot and copy out).
     pub chunks_combined_into_frame: u64,
+    /// Of those, chunks of a single contributor (a Broadcast's or an AllGather block's
+    /// owner) sent on straight from the frame they arrived in: no slot, no hash.
+    pub chunks_passed_through: u64,
     /// Chunks received from the parent and sent down.
     pub chunks_down: u64,
     /// Progress messages sent.

@@ -9,6 +9,7 @@ use inc_wire::icrc::PayloadCrc;
 
 use super::collective::ExpectedData;
 use super::failure::Verdict;
+use super::mask::ChildMask;
 use super::roles::Roles;
 use super::slots::Contribution;
 use super::{shared_crc, Comm, Disposition, FrameCrc};
@@ -54,7 +55,7 @@ impl Comm {
         if Some(conn) == self.parent {
             self.on_parent_data(conn, coll_idx, payload, crc_source)
         } else {
-            self.on_child_data(conn, coll_idx, expected, payload)
+            self.on_child_data(conn, coll_idx, expected, payload, crc_source)
         }
     }
 
@@ -75,11 +76,19 @@ impl Comm {
         coll_idx: usize,
         expected: ExpectedData,
         payload: &[u8],
+        crc_source: Option<FrameCrc<'_>>,
     ) -> Disposition {
         let child = self.conns[conn].child_ordinal.expect("data from a child");
         let pos = expected.start_pos.wrapping_add(expected.next_chunk);
         let coll = &self.collectives[coll_idx];
         let op = coll.claim.expect("data follows the child's Start").op;
+        if self.passes_through(coll_idx, child) {
+            self.send_result_through(coll_idx, payload, crc_source);
+            self.counters.chunks_passed_through += 1;
+            self.next_chunk(conn);
+            self.chunk_done(coll_idx);
+            return Disposition::Accept;
+        }
         if let Some(slot) = self.completes_now(coll_idx, expected.seq, pos, child) {
             if self.send_result_direct(coll_idx, slot, &op, payload) {
                 self.counters.chunks_combined_into_frame += 1;
@@ -146,6 +155,40 @@ impl Comm {
         self.flush_progress(coll_idx, false);
         self.maybe_retire(seq);
         Disposition::Accept
+    }
+
+    /// Whether `child`'s chunk is the whole result and can go out at once without a
+    /// slot: `child` is the only contributor (a Broadcast's or an AllGather block's
+    /// owner, a switch with one contributing branch), the collective is ready, no
+    /// completed chunk waits before it and every destination has room.
+    fn passes_through(&self, coll_idx: usize, child: usize) -> bool {
+        let coll = &self.collectives[coll_idx];
+        coll.ready
+            && coll.roles.contributors == ChildMask::single(child)
+            && self.completed_slots.is_empty()
+            && self.result_room(coll.roles)
+    }
+
+    /// Sends a chunk that is its own result ([`Self::passes_through`]) to every
+    /// destination straight from the frame it arrived in. Its CRC is read off that
+    /// frame's ICRC when `crc_source` has it, so the payload is neither copied into a
+    /// slot nor hashed.
+    fn send_result_through(
+        &mut self,
+        coll_idx: usize,
+        payload: &[u8],
+        crc_source: Option<FrameCrc<'_>>,
+    ) {
+        let roles = self.collectives[coll_idx].roles;
+        let crc = shared_crc(payload, self.result_fan_out(roles), crc_source);
+        if let Some(parent) = self.parent.filter(|_| roles.up_to_parent) {
+            self.conns[parent].send_data(payload, crc.as_ref());
+        }
+        for child in roles.up_to_children.iter() {
+            let to = self.child_conn[child];
+            let psn = self.conns[to].send_data(payload, crc.as_ref());
+            self.note_result_sent(coll_idx, child, to, psn);
+        }
     }
 
     /// The slot `child`'s chunk at `pos` completes, when its result can go out at once:
@@ -241,8 +284,13 @@ impl Comm {
 
     /// Bookkeeping once the result of `slot` went out: the slot is free again.
     fn result_sent(&mut self, coll_idx: usize, slot: usize) {
-        let seq = self.collectives[coll_idx].seq;
         self.slots.free(slot);
+        self.chunk_done(coll_idx);
+    }
+
+    /// Bookkeeping once a chunk's result went out.
+    fn chunk_done(&mut self, coll_idx: usize) {
+        let seq = self.collectives[coll_idx].seq;
         self.counters.chunks_aggregated += 1;
         self.collectives[coll_idx].chunks_aggregated += 1;
         self.update_delivered(coll_idx);
