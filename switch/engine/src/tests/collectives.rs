@@ -402,22 +402,7 @@ fn reduce_scatter_and_allgather_over_loss() {
             assert_eq!(h.result, Some(Ok(())), "rank {r}");
             assert_eq!(from_i32s(&h.output), expect, "reduce-scatter rank {r} count {count}");
         }
-        net.start(
-            |_| CollectiveSpec {
-                kind: CollectiveKind::AllGather,
-                op: Operator::Sum,
-                dtype: DataType::Int32,
-                count,
-            },
-            |r| i32s(&input_i32(r, count, round)),
-        );
-        net.run(Duration::from_secs(30));
-        let expect: Vec<i32> = (0..world).flat_map(|q| input_i32(q, count, round)).collect();
-        for r in 0..world as usize {
-            let h = net.host(r);
-            assert_eq!(h.result, Some(Ok(())), "rank {r}");
-            assert_eq!(from_i32s(&h.output), expect, "allgather rank {r} count {count}");
-        }
+        allgather(&mut net, world, count, round);
     }
     // One part per rank and call: 3 rounds of 2 blockwise collectives of 4 parts each.
     for s in 0..3 {
@@ -432,23 +417,7 @@ fn reduce_scatter_and_allgather_over_loss() {
 #[test]
 fn lossless_allgather_passes_every_chunk_through() {
     let mut net = build(&tree_1_2_4(), SwitchEngineConfig::default(), 0.0, 2);
-    let world = 4u16;
-    let count = 20_000u64;
-    net.start(
-        |_| CollectiveSpec {
-            kind: CollectiveKind::AllGather,
-            op: Operator::Sum,
-            dtype: DataType::Int32,
-            count,
-        },
-        |r| i32s(&input_i32(r, count, 0)),
-    );
-    net.run(Duration::from_secs(30));
-    let expect: Vec<i32> = (0..world).flat_map(|q| input_i32(q, count, 0)).collect();
-    for r in 0..world as usize {
-        assert_eq!(net.host(r).result, Some(Ok(())), "rank {r}");
-        assert_eq!(from_i32s(&net.host(r).output), expect, "rank {r}");
-    }
+    allgather(&mut net, 4, 20_000, 0);
     for s in 0..3 {
         let c = net.switch(s).counters();
         assert_eq!(c.retransmits(), 0, "switch {s}");

@@ -462,16 +462,27 @@ fn check_allreduce(net: &mut Net, world: u16, count: u64, round: u32) {
     }
 }
 
-fn allreduce(net: &mut Net, world: u16, count: u64, round: u32) {
-    let spec = |_| CollectiveSpec {
-        kind: CollectiveKind::AllReduce,
-        op: Operator::Sum,
-        dtype: DataType::Int32,
-        count,
-    };
+/// Runs an int32 sum `kind` of `count` elements per rank (`input_i32` of `round`).
+fn run_int32_sum(net: &mut Net, kind: CollectiveKind, count: u64, round: u32) {
+    let spec = |_| CollectiveSpec { kind, op: Operator::Sum, dtype: DataType::Int32, count };
     net.start(spec, |r| i32s(&input_i32(r, count, round)));
     net.run(Duration::from_secs(30));
+}
+
+fn allreduce(net: &mut Net, world: u16, count: u64, round: u32) {
+    run_int32_sum(net, CollectiveKind::AllReduce, count, round);
     check_allreduce(net, world, count, round);
+}
+
+/// An int32 AllGather of `count` elements per rank, checked exact on every rank.
+fn allgather(net: &mut Net, world: u16, count: u64, round: u32) {
+    run_int32_sum(net, CollectiveKind::AllGather, count, round);
+    let expect: Vec<i32> = (0..world).flat_map(|q| input_i32(q, count, round)).collect();
+    for r in 0..world as usize {
+        let h = net.host(r);
+        assert_eq!(h.result, Some(Ok(())), "rank {r}");
+        assert_eq!(from_i32s(&h.output), expect, "allgather rank {r} count {count}");
+    }
 }
 
 mod collectives;
