@@ -144,6 +144,20 @@ impl Collective {
         }
     }
 
+    /// Remembers a result sent to `child` on connection `conn` when that is a receiving
+    /// host (`to_host`) whose ACKs measure delivery.
+    pub(crate) fn note_result_sent(
+        &mut self,
+        child: usize,
+        conn: usize,
+        to_host: bool,
+        psn: Option<Psn>,
+    ) {
+        if to_host && self.roles.delivery_from_children.contains(child) {
+            self.unacked_results[conn].extend(psn);
+        }
+    }
+
     pub(crate) fn chunks(&self) -> u64 {
         self.claim.map_or(0, |c| c.chunks)
     }

@@ -7,12 +7,12 @@ use inc_protocol::coll::{self, CollOp};
 use inc_protocol::frame;
 use inc_wire::icrc::PayloadCrc;
 
-use super::collective::ExpectedData;
+use super::collective::{Collective, ExpectedData};
 use super::failure::Verdict;
 use super::mask::ChildMask;
 use super::roles::Roles;
 use super::slots::Contribution;
-use super::{shared_crc, Comm, Disposition, FrameCrc};
+use super::{shared_crc, Comm, Conn, Disposition, FrameCrc};
 use crate::SwitchEvent;
 
 impl Comm {
@@ -179,16 +179,10 @@ impl Comm {
         payload: &[u8],
         crc_source: Option<FrameCrc<'_>>,
     ) {
-        let roles = self.collectives[coll_idx].roles;
-        let crc = shared_crc(payload, self.result_fan_out(roles), crc_source);
-        if let Some(parent) = self.parent.filter(|_| roles.up_to_parent) {
-            self.conns[parent].send_data(payload, crc.as_ref());
-        }
-        for child in roles.up_to_children.iter() {
-            let to = self.child_conn[child];
-            let psn = self.conns[to].send_data(payload, crc.as_ref());
-            self.note_result_sent(coll_idx, child, to, psn);
-        }
+        let crc =
+            shared_crc(payload, self.result_fan_out(self.collectives[coll_idx].roles), crc_source);
+        let Comm { conns, child_conn, parent, collectives, .. } = self;
+        send_result(conns, child_conn, *parent, &mut collectives[coll_idx], payload, crc);
     }
 
     /// The slot `child`'s chunk at `pos` completes, when its result can go out at once:
@@ -314,22 +308,34 @@ impl Comm {
             }
             let op = self.collectives[coll_idx].claim.expect("ready").op;
             let fan_out = self.result_fan_out(roles);
-            let data = self.slots.aggregate(slot, &op, roles.contributors);
-            let to_parent = self.parent.filter(|_| roles.up_to_parent);
+            let Comm { conns, child_conn, parent, collectives, slots, .. } = self;
+            let data = slots.aggregate(slot, &op, roles.contributors);
             let crc = shared_crc(data, fan_out, None);
-            if let Some(parent) = to_parent {
-                self.conns[parent].send_data(data, crc.as_ref());
-            }
-            for child in roles.up_to_children.iter() {
-                let to = self.child_conn[child];
-                let psn = self.conns[to].send_data(data, crc.as_ref());
-                // `note_result_sent` inline: `data` borrows the slot pool.
-                if roles.delivery_from_children.contains(child) && self.conns[to].is_host() {
-                    self.collectives[coll_idx].unacked_results[to].extend(psn);
-                }
-            }
+            send_result(conns, child_conn, *parent, &mut collectives[coll_idx], data, crc);
             self.completed_slots.pop_front();
             self.result_sent(coll_idx, slot);
         }
+    }
+}
+
+/// Sends a chunk's result `data` to the parent (when it goes up) and to the children it
+/// goes back down to, and remembers the PSNs whose ACKs confirm delivery. A function of
+/// the fields it uses, so that `data` may borrow the slot pool.
+fn send_result(
+    conns: &mut [Conn],
+    child_conn: &[usize],
+    parent: Option<usize>,
+    coll: &mut Collective,
+    data: &[u8],
+    crc: Option<PayloadCrc>,
+) {
+    let roles = coll.roles;
+    if let Some(parent) = parent.filter(|_| roles.up_to_parent) {
+        conns[parent].send_data(data, crc.as_ref());
+    }
+    for child in roles.up_to_children.iter() {
+        let to = child_conn[child];
+        let psn = conns[to].send_data(data, crc.as_ref());
+        coll.note_result_sent(child, to, conns[to].is_host(), psn);
     }
 }

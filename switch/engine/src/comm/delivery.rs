@@ -69,10 +69,8 @@ impl Comm {
         conn: usize,
         psn: Option<Psn>,
     ) {
-        let coll = &mut self.collectives[coll_idx];
-        if coll.roles.delivery_from_children.contains(child) && self.conns[conn].is_host() {
-            coll.unacked_results[conn].extend(psn);
-        }
+        let to_host = self.conns[conn].is_host();
+        self.collectives[coll_idx].note_result_sent(child, conn, to_host, psn);
     }
 
     pub(super) fn update_delivered(&mut self, coll_idx: usize) {
