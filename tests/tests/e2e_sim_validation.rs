@@ -10,8 +10,8 @@
 //! machine: the emulator may not beat the link rate the simulation models (5 % margin),
 //! and may not take more than 1.5 times the prediction; the error is printed. The hosts
 //! send at their links' rate, a few frames ahead, as inc-sim's NICs do: the switches'
-//! emulation of a host's link may hold at most [`HOST_LINK_HELD_MAX`] frames, where
-//! hosts that sent their window at once made it hold over 100.
+//! emulation of the median host's link may hold at most [`HOST_LINK_HELD_MAX`] frames,
+//! where hosts that sent their window at once made every link hold over 100.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -86,9 +86,16 @@ fn inc_sim_predicts_the_rate_limited_emulator() {
     println!("  most frames held on a host's link: {held:?}");
     drop(d);
     assert_clean(&prefix);
-    for (port, n) in &held {
-        assert!(*n <= HOST_LINK_HELD_MAX, "{port}: the host's link held {n} frames");
-    }
+    // The median host link: a stall of one switch process on a loaded machine lets one
+    // link's frames bunch up (66 once in CI, beside 13-17 on the others), while hosts
+    // that do not pace make every link hold over 100.
+    let mut counts: Vec<u64> = held.iter().map(|(_, n)| *n).collect();
+    counts.sort_unstable();
+    let median = counts[counts.len() / 2];
+    assert!(
+        median <= HOST_LINK_HELD_MAX,
+        "the median host link held {median} frames (are the hosts pacing?): {held:?}"
+    );
     assert!(failures.is_empty(), "outside -5 % .. +50 %: {}", failures.join("; "));
 }
 
