@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::cli::{human_size, Coll};
 use crate::model::{FrameRate, Measurement, Results};
-use crate::stats::{median, quantile, spread};
+use crate::stats::{median, quantile, sign_test, spread};
 
 /// One system at one size, over all rounds.
 #[derive(Debug, Clone, Serialize)]
@@ -489,6 +489,12 @@ pub struct OverlapSummary {
     pub median_us: BTreeMap<String, f64>,
     /// Per round: nonblocking / blocking, of the round's medians.
     pub nb_over_b: Vec<f64>,
+    /// Per repetition of every round: nonblocking / blocking of that repetition (the
+    /// two batches run back to back, in alternating order).
+    pub nb_over_b_paired: Vec<f64>,
+    /// Of the repetitions whose two batches differ: how many the non-blocking batch
+    /// was faster in, how many there were, and the sign test's two-sided p-value.
+    pub nb_faster: (usize, usize, f64),
     /// Per round: (compute + collective) / overlapped, of the round's medians.
     pub speedup: Vec<f64>,
     /// Per round: overlapped / max(compute, collective).
@@ -513,11 +519,13 @@ pub fn overlap_summaries(ms: &[Measurement], backends: &[String]) -> Vec<Overlap
         let ratio = |f: &dyn Fn(&Measurement) -> f64| -> Vec<f64> {
             ok.iter().map(|m| f(m)).filter(|v| v.is_finite()).collect()
         };
+        let pooled = |p: &str| -> Vec<f64> {
+            ok.iter().flat_map(|m| m.parts.get(p).cloned().unwrap_or_default()).collect()
+        };
+        let (blocking, nonblocking) = (pooled("blocking"), pooled("nonblocking"));
         let mut median_us = BTreeMap::new();
         for p in PARTS {
-            let all: Vec<f64> =
-                ok.iter().flat_map(|m| m.parts.get(p).cloned().unwrap_or_default()).collect();
-            median_us.insert(p.to_string(), median(&all));
+            median_us.insert(p.to_string(), median(&pooled(p)));
         }
         out.push(OverlapSummary {
             system: b.clone(),
@@ -525,6 +533,8 @@ pub fn overlap_summaries(ms: &[Measurement], backends: &[String]) -> Vec<Overlap
             rounds: ok.len(),
             median_us,
             nb_over_b: ratio(&|m| part(m, "nonblocking") / part(m, "blocking")),
+            nb_over_b_paired: nonblocking.iter().zip(&blocking).map(|(n, b)| n / b).collect(),
+            nb_faster: sign_test(&nonblocking, &blocking),
             speedup: ratio(&|m| {
                 (part(m, "compute") + part(m, "collective")) / part(m, "overlapped")
             }),
@@ -580,6 +590,19 @@ pub fn overlap_table(ms: &[Measurement], backends: &[String], requests: u32) -> 
             t(s, "nonblocking"),
             range_text(&s.nb_over_b),
             s.status
+        );
+    }
+    for s in &sums {
+        let (faster, n, p) = s.nb_faster;
+        let _ = writeln!(
+            o,
+            "  {:<10} per repetition (paired): non-block./blocking {:.3} [{:.3}-{:.3}] \
+             (median [quartiles]); non-blocking faster in {faster} of {n} (sign test \
+             p = {p:.2e})",
+            s.system,
+            median(&s.nb_over_b_paired),
+            quantile(&s.nb_over_b_paired, 0.25),
+            quantile(&s.nb_over_b_paired, 0.75),
         );
     }
     let _ = writeln!(
@@ -777,6 +800,10 @@ mod tests {
         assert_eq!(s[0].idle_speedup, vec![2.0, 2.0]);
         let t = overlap_table(&ms, &["af_packet".into()], 8);
         assert!(t.contains("Batch: 8 of them") && t.contains("0.80 [0.80-1.20]"), "{t}");
+        // Pairs: 0.8, 0.8, 0.01 (round 0), 1.2, 1.2, 0.01 (round 1): 4 of 6 faster.
+        assert_eq!(s[0].nb_over_b_paired, vec![0.8, 0.8, 0.01, 1.2, 1.2, 0.01]);
+        assert_eq!((s[0].nb_faster.0, s[0].nb_faster.1), (4, 6));
+        assert!(t.contains("non-blocking faster in 4 of 6 (sign test p = 6.88e-1)"), "{t}");
         // Overlap measurements stay out of the size table.
         assert!(summarize(&ms, 4).is_empty());
 

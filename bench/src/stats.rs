@@ -30,6 +30,29 @@ pub fn spread(v: &[f64]) -> f64 {
     }
 }
 
+/// Paired comparison of `a` against `b` (equal lengths, the same repetition at each
+/// index): how many pairs have `a < b` of those that differ, and the two-sided sign
+/// test's p-value for "neither is faster" (the chance of a split at least that uneven
+/// if each pair were a coin toss). (0, 0, 1.0) when every pair ties.
+pub fn sign_test(a: &[f64], b: &[f64]) -> (usize, usize, f64) {
+    let (mut less, mut differ) = (0usize, 0usize);
+    for (x, y) in a.iter().zip(b) {
+        if x != y {
+            differ += 1;
+            less += usize::from(x < y);
+        }
+    }
+    let tail = less.min(differ - less);
+    // P(X <= tail) for X ~ Binomial(differ, 1/2), term by term: C(n, i) / 2^n.
+    let mut term = 0.5f64.powi(differ as i32);
+    let mut cumulative = 0.0;
+    for i in 0..=tail {
+        cumulative += term;
+        term *= (differ - i) as f64 / (i + 1) as f64;
+    }
+    (less, differ, (2.0 * cumulative).min(1.0))
+}
+
 /// Histogram with logarithmic bins: `per_decade` bins per factor of 10 between the
 /// smallest and largest value. Returns (lower edge, upper edge, count) per bin.
 pub fn log_histogram(v: &[f64], per_decade: u32) -> Vec<(f64, f64, u64)> {
@@ -65,6 +88,23 @@ pub fn max_over_ranks(per_rank: &[Vec<f64>]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sign_test_counts_pairs_and_gives_the_binomial_tail() {
+        // 21 of 27 faster: 2 * P(X <= 6), X ~ Binomial(27, 1/2) = 2 * 397,594 / 2^27.
+        let b = vec![1.0; 28];
+        let mut a = vec![0.9; 21];
+        a.extend([1.1; 6]);
+        a.push(1.0); // a tie: not counted
+        let (less, differ, p) = sign_test(&a, &b);
+        assert_eq!((less, differ), (21, 27));
+        assert!((p - 2.0 * 397_594.0 / 134_217_728.0).abs() < 1e-12, "{p}");
+        assert_eq!(sign_test(&[1.0; 10], &[2.0; 10]), (10, 10, 2.0 / 1024.0));
+        assert_eq!(sign_test(&[2.0; 10], &[1.0; 10]), (0, 10, 2.0 / 1024.0));
+        // An even split is as likely as anything: p capped at 1.
+        assert_eq!(sign_test(&[1.0, 3.0, 1.0, 3.0], &[2.0; 4]), (2, 4, 1.0));
+        assert_eq!(sign_test(&[1.0; 3], &[1.0; 3]), (0, 0, 1.0));
+    }
 
     #[test]
     fn quantiles_and_spread() {
