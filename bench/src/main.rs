@@ -12,6 +12,7 @@
 mod cli;
 mod inc;
 mod kernel;
+mod machine;
 mod model;
 mod mpi;
 mod netns;

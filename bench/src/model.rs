@@ -204,6 +204,8 @@ pub struct Results {
     pub command: String,
     /// Machine description.
     pub machine: String,
+    /// What system calls, switches and wake-ups cost here (none if not measured).
+    pub scheduling: Option<crate::machine::SchedulingCosts>,
     /// Topology file.
     pub topology: String,
     /// Ranks.

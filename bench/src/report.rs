@@ -681,7 +681,12 @@ pub fn write_all(out: &Path, res: &Results) -> anyhow::Result<(String, Vec<Summa
     text += &frame_table(&res.frame_rates, &rows, &backends);
     text += "\n";
     text += &ratios(&rows, &res.frame_rates, &backends, res);
-    std::fs::write(out.join("table.txt"), &text)?;
+    // The file also says where it was measured (the run prints these lines at its end).
+    let mut file = format!("{text}\nmachine: {}\n", res.machine);
+    for n in &res.notes {
+        let _ = writeln!(file, "note: {n}");
+    }
+    std::fs::write(out.join("table.txt"), file)?;
     std::fs::write(out.join("results.csv"), csv(&rows))?;
     let mut fr = String::from("system,round,frame_len,hops,offered_fps,delivered_fps,forwarded_fps,forwarder_cores,status\n");
     for r in &res.frame_rates {
@@ -749,6 +754,7 @@ mod tests {
         let res = Results {
             command: String::new(),
             machine: String::new(),
+            scheduling: None,
             topology: String::new(),
             world: 4,
             mtu: 1024,
@@ -810,6 +816,7 @@ mod tests {
         let mut res = Results {
             command: String::new(),
             machine: String::new(),
+            scheduling: None,
             topology: String::new(),
             world: 2,
             mtu: 4096,

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::cli::{elem_size, human_size, iterations, Args, Coll, Config};
 use crate::inc::{run_hosts, supported_backends, Fabric, RunSpec};
 use crate::kernel::KernelForwarding;
+use crate::machine::SchedulingCosts;
 use crate::model::{FrameRate, HostBytes, Measurement, Results};
 use crate::mpi::{Mpi, RING, RING_ALLGATHER};
 use crate::netns::{host_counters, Netns, Plan};
@@ -27,32 +28,6 @@ fn repo_root() -> anyhow::Result<PathBuf> {
         .into_iter()
         .find(|d| d.join("scripts/netns-up").is_file())
         .context("cannot find scripts/netns-up: run inc-bench from the repository root")
-}
-
-fn machine() -> String {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let cpuinfo = read("/proc/cpuinfo");
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_default();
-    let cpus = cpuinfo.lines().filter(|l| l.starts_with("processor")).count();
-    let mem = read("/proc/meminfo")
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("0")
-        .parse::<u64>()
-        .unwrap_or(0);
-    format!(
-        "{cpus} x {model}, {:.0} GiB RAM, Linux {}, load average at start {}",
-        mem as f64 / 1048576.0,
-        read("/proc/sys/kernel/osrelease").trim(),
-        read("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    )
 }
 
 fn now_utc() -> String {
@@ -509,7 +484,8 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         pb,
         res: Results {
             command: std::env::args().collect::<Vec<_>>().join(" "),
-            machine: machine(),
+            machine: crate::machine::describe(),
+            scheduling: None,
             topology: topology.display().to_string(),
             world: plan.hosts.len(),
             mtu: u32::from(topo.defaults.mtu),
@@ -534,6 +510,14 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         ctx.res.machine,
         out.display()
     ));
+    // Before the namespaces and processes exist, so that it measures the machine.
+    ctx.res.scheduling = SchedulingCosts::measure();
+    match &ctx.res.scheduling {
+        Some(c) => ctx.res.notes.push(c.describe()),
+        None => {
+            ctx.res.notes.push("scheduling costs not measured: threads cannot be pinned".into())
+        }
+    }
     let netns = Netns::up(&root, &topology, &prefix, &logs.join("netns-up.log"))?;
     ctx.res.notes.push(format!(
         "hosts' veths: TX checksum offload {} (--host-tx-offload {})",

@@ -92,6 +92,7 @@ fn quick_bench_writes_every_output() {
     let table = std::fs::read_to_string(out.join("table.txt")).expect("table.txt");
     assert!(table.contains("median(us)") && table.contains("INC time / MPI time"), "{table}");
     assert!(table.contains("== overlap") && table.contains("== bytes per host"), "{table}");
+    assert!(table.contains("machine: ") && table.contains("note: scheduling costs"), "{table}");
     let rows = check_csv(&out.join("results.csv"), "median_us");
     let status = |r: &Vec<String>| r.last().cloned().unwrap_or_default();
     let measured: Vec<&Vec<String>> =
