@@ -25,6 +25,11 @@ pub struct OutMessage {
 pub enum Delivery {
     /// Consumed (possibly discarded as stale, see counters).
     Accepted,
+    /// Consumed, and it completed this rank's part of a result whose senders wait for
+    /// its delivery (a Reduce's root, a Broadcast's receivers, and so every part of a
+    /// ReduceScatter or AllGather): the RC layer ACKs at once, as the senders'
+    /// completion waits for that ACK.
+    AcceptedAwaited,
     /// Data arrived while no collective that expects it is running: the RC layer
     /// answers with an RNR NAK and the switch resends later.
     NotReady,
@@ -678,8 +683,17 @@ impl HostCollective {
         }
         a.completed += 1;
         self.counters.rx_chunks += 1;
+        let awaited = a.completed == a.chunks
+            && matches!(
+                a.spec.kind,
+                CollectiveKind::Reduce { .. } | CollectiveKind::Broadcast { .. }
+            );
         self.check_done(i);
-        Delivery::Accepted
+        if awaited {
+            Delivery::AcceptedAwaited
+        } else {
+            Delivery::Accepted
+        }
     }
 
     /// Finishes collective `i` if everything of it happened.
@@ -981,6 +995,34 @@ mod tests {
         assert!(m.imm.is_some(), "its Start");
         assert_eq!(c.poll_completion(), None);
         assert_eq!((out_a, out_b), (a.clone(), b));
+    }
+
+    /// The chunk that completes a rank's part of a Reduce (at its root) or a Broadcast
+    /// (at a receiver) asks for an ACK at once: the senders complete on it. An
+    /// AllReduce's never does: no other rank waits for this one's delivery.
+    #[test]
+    fn only_results_that_senders_wait_for_are_awaited() {
+        let cfg = |rank| CollectiveConfig { rank, world_size: 2, mtu: 256, window: 8 };
+        let count = 130u64; // chunks of 256, 256 and 8 bytes
+        let src = vec![0u8; 4 * count as usize];
+        let results: Vec<Vec<u8>> = vec![vec![0; 256], vec![0; 256], vec![0; 8]];
+        let mut out = vec![0u8; 256];
+        let cases = [
+            (CollectiveKind::Reduce { root: 0 }, 0, true),
+            (CollectiveKind::Broadcast { root: 0 }, 1, true),
+            (CollectiveKind::AllReduce, 0, false),
+        ];
+        for (kind, rank, awaited) in cases {
+            let mut c = HostCollective::new(cfg(rank));
+            c.start(spec(kind, count)).unwrap();
+            let mut dst = vec![0u8; src.len()];
+            let mut bufs = OpBuffers::Separate { src: &src, dst: &mut dst };
+            while c.poll_send(&bufs, &mut out).is_some() {}
+            let got: Vec<Delivery> =
+                results.iter().map(|r| c.handle_message(None, r, &mut bufs)).collect();
+            let last = if awaited { Delivery::AcceptedAwaited } else { Delivery::Accepted };
+            assert_eq!(got, [Delivery::Accepted, Delivery::Accepted, last], "{kind:?}");
+        }
     }
 
     #[test]

@@ -211,6 +211,11 @@ impl HostEngine {
                     self.rc.accept(now);
                     self.last_progress = now;
                 }
+                Delivery::AcceptedAwaited => {
+                    self.rc.accept(now);
+                    self.rc.ack_now();
+                    self.last_progress = now;
+                }
                 Delivery::NotReady => self.rc.reject_rnr(),
             },
             Inbound::Failed(f) => {
@@ -252,6 +257,15 @@ impl HostEngine {
         let len = self.rc.poll_transmit(now, buf)?;
         self.counters.tx_frames += 1;
         Some(len)
+    }
+
+    /// True when an ACK is owed now: after the last chunk of a result whose senders
+    /// wait for its delivery ([`Delivery::AcceptedAwaited`]), which a transport sends
+    /// before it returns the collective to its caller.
+    ///
+    /// [`Delivery::AcceptedAwaited`]: crate::Delivery::AcceptedAwaited
+    pub fn owes_ack(&self) -> bool {
+        self.rc.ack_owed()
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) must run next.

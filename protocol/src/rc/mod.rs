@@ -248,6 +248,11 @@ impl RcConnection {
         earliest(earliest(self.rto_deadline, self.rnr_until), earliest(ack, self.probe_at))
     }
 
+    /// True when an ACK or NAK is owed now (not merely a delayed ACK falling due later).
+    pub fn ack_owed(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// True when a frame is ready to go now (ACK owed or requests waiting).
     pub fn wants_transmit(&self, now: Time) -> bool {
         self.pending.is_some()

@@ -64,6 +64,15 @@ impl RcConnection {
         }
     }
 
+    /// Owes the ACK of every accepted request at once instead of after `ack_delay` or
+    /// `ack_coalesce`: for the last packet of a message whose sender waits for it to be
+    /// delivered (its completion would otherwise wait out the delay).
+    pub fn ack_now(&mut self) {
+        if self.unacked > 0 && self.pending.is_none() {
+            self.pending = Some(Response::Ack);
+        }
+    }
+
     /// Refuses the request returned by [`on_packet`](Self::on_packet) with an RNR NAK;
     /// the peer resends it after the RNR timer.
     pub fn reject_rnr(&mut self) {
@@ -155,6 +164,28 @@ mod tests {
         assert_eq!(b.on_packet(t0, &bth, None), Inbound::Request);
         b.accept(t0);
         assert_eq!(ack_psns(&mut b, t0), vec![(true, psn)]);
+    }
+
+    /// `ack_now` answers what was accepted at once, without AckReq and before any
+    /// delay or coalescing count, and owes nothing when everything is ACKed.
+    #[test]
+    fn ack_now_answers_at_once() {
+        let mut b = RcConnection::new(cfg(2, 1, 8));
+        let t0 = Time::ZERO;
+        let psn = Psn::new(0xFF_FFF1);
+        b.ack_now();
+        assert_eq!(ack_psns(&mut b, t0), vec![], "nothing accepted, nothing owed");
+        for i in 0..3 {
+            let bth = BthRepr::new(inc_wire::Opcode::RcSendOnly, 0x102, psn + i);
+            assert_eq!(b.on_packet(t0, &bth, None), Inbound::Request);
+            b.accept(t0);
+        }
+        assert_eq!(ack_psns(&mut b, t0), vec![], "coalesced and delayed");
+        b.ack_now();
+        assert_eq!(ack_psns(&mut b, t0), vec![(true, psn + 2)]);
+        b.ack_now();
+        assert_eq!(ack_psns(&mut b, t0), vec![]);
+        assert_eq!(b.poll_timeout(), None, "the delayed ACK is gone with it");
     }
 
     /// Coalescing never covers more than half the peer's window, so a deferred ACK

@@ -269,11 +269,17 @@ impl UdpTransport {
                     Err(e) => feed.done(id, Err(Error::InvalidArgument(e.to_string()))),
                 }
             }
-            if held.calls.is_empty() {
+            // Done, unless an ACK is owed now: a Reduce's root or a Broadcast's receiver
+            // whose senders complete on it, which the progress thread would send only
+            // after CALLER_GRACE.
+            if held.calls.is_empty() && !c.engine.owes_ack() {
                 return Ok(());
             }
             c.flush(&held.bufs)
                 .map_err(|e| format!("sending to switch {} from {}: {e}", c.switch, self.local))?;
+            if held.calls.is_empty() {
+                return Ok(());
+            }
             self.collect(c, feed, held);
             if held.calls.is_empty() {
                 continue;
