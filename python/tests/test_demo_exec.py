@@ -66,10 +66,13 @@ def test_allreduce_example_through_demo_exec():
 # --- Training examples: DDP and FSDP through the switches vs the same script on gloo.
 
 # Final parameters, inccl vs gloo: float32 sums in a different order (the switches'
-# vs gloo's ring) at each SGD step (150 for DDP, 60 for FSDP), with momentum. Measured
-# max |diff| 3.3e-4 after 150 steps (|parameter| up to 0.96); the tolerance leaves 3x.
-PARAM_RTOL = 1e-3
-PARAM_ATOL = 1e-3
+# vs gloo's ring) at each SGD step (150 for DDP, 60 for FSDP), with momentum, so the
+# drift depends on the machine's torch kernels too. Measured max |diff| after 150 steps
+# (|parameter| up to 0.96): 3.3e-4 on one VM, 2.3e-3 on another (2026-11-28, the same
+# on both sides of that day's protocol change: not INC's); the tolerance leaves 4x.
+# Steps, accuracy and every rank's identical parameters are checked exactly.
+PARAM_RTOL = 1e-2
+PARAM_ATOL = 1e-2
 # The digits MLP: 64*128+128 + 128*64+64 + 64*10+10 float32 parameters.
 PARAM_BYTES = 4 * (64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10)
 
