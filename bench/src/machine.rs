@@ -60,8 +60,8 @@ const YIELDS: u32 = 20_000;
 const ROUND_TRIPS: u32 = 5_000;
 
 impl SchedulingCosts {
-    /// Measures; about half a second. `None` if threads cannot be pinned (affinity
-    /// refused, e.g. by a cpuset without CPU 0).
+    /// Measures; under a second. `None` if threads cannot be pinned to the first CPU
+    /// this process may use (affinity refused).
     pub fn measure() -> Option<SchedulingCosts> {
         let cpus = usable_cpus();
         let first = *cpus.first()?;
@@ -71,7 +71,7 @@ impl SchedulingCosts {
                 for _ in 0..SYSCALLS {
                     std::hint::black_box(std::process::id());
                 }
-                per(t, SYSCALLS)
+                Some(per(t, SYSCALLS))
             }),
             yield_switch_us: median3(|| yield_pair(first)),
             wakeup_rtt_same_cpu_us: median3(|| ping_pong(first, first)),
@@ -103,8 +103,9 @@ fn median3(mut f: impl FnMut() -> Option<f64>) -> f64 {
     v[1]
 }
 
-fn per(t: Instant, n: u32) -> Option<f64> {
-    Some(t.elapsed().as_secs_f64() * 1e6 / f64::from(n))
+/// Microseconds per operation since `t`.
+fn per(t: Instant, n: u32) -> f64 {
+    t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
 }
 
 /// CPUs this process may run on, in order.
@@ -175,7 +176,7 @@ fn yield_pair(cpu: usize) -> Option<f64> {
         || {
             let t = Instant::now();
             yields();
-            per(t, 2 * YIELDS)
+            Some(per(t, 2 * YIELDS))
         },
         || {
             yields();
@@ -198,7 +199,7 @@ fn ping_pong(a: usize, b: usize) -> Option<f64> {
                 near.write_all(&byte).ok()?;
                 near.read_exact(&mut byte).ok()?;
             }
-            per(t, ROUND_TRIPS)
+            Some(per(t, ROUND_TRIPS))
         },
         move || {
             let mut byte = [0u8];

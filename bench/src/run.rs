@@ -485,7 +485,8 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         res: Results {
             command: std::env::args().collect::<Vec<_>>().join(" "),
             machine: crate::machine::describe(),
-            scheduling: None,
+            // Before the namespaces and processes exist, so that it measures the machine.
+            scheduling: SchedulingCosts::measure(),
             topology: topology.display().to_string(),
             world: plan.hosts.len(),
             mtu: u32::from(topo.defaults.mtu),
@@ -510,8 +511,6 @@ pub fn run(args: &Args) -> anyhow::Result<bool> {
         ctx.res.machine,
         out.display()
     ));
-    // Before the namespaces and processes exist, so that it measures the machine.
-    ctx.res.scheduling = SchedulingCosts::measure();
     match &ctx.res.scheduling {
         Some(c) => ctx.res.notes.push(c.describe()),
         None => {

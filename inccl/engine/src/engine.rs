@@ -207,13 +207,11 @@ impl HostEngine {
         let before = self.rc.oldest_unacked();
         match self.rc.on_packet(now, &r.bth, r.ext.aeth.as_ref()) {
             Inbound::Request => match self.coll.handle_message(r.ext.imm, parsed.payload, bufs) {
-                Delivery::Accepted => {
+                d @ (Delivery::Accepted | Delivery::AcceptedAwaited) => {
                     self.rc.accept(now);
-                    self.last_progress = now;
-                }
-                Delivery::AcceptedAwaited => {
-                    self.rc.accept(now);
-                    self.rc.ack_now();
+                    if d == Delivery::AcceptedAwaited {
+                        self.rc.ack_now();
+                    }
                     self.last_progress = now;
                 }
                 Delivery::NotReady => self.rc.reject_rnr(),
