@@ -8,17 +8,20 @@
 //! and for a path `p` of link directions `fill(p) = sum_{l in p} (F_0 / B_l + d_l)`:
 //!
 //! ```text
-//! T = max_{s sends} fill(up(s)) + max_{r receives} fill(down(r)) + sum_{k=1}^{N-1} (F_k + A) / B_min
+//! T = max_{s sends} fill(up(s)) + max_{r receives} fill(down(r))
+//!     + max_{l carries data} sum_{k=1}^{N-1} (F_k + A_l) / B_l
 //! ```
 //!
 //! `up(s)` runs from host `s` to the communicator's root switch, `down(r)` from the root
-//! to host `r`, `B_min` is the slowest link on those paths: the first chunk's
-//! store-and-forward trip up and down the tree (pipeline fill and per-hop latency),
-//! then the rest of the vector streams through the bottleneck (`S / B`). In an
-//! AllReduce every link direction that carries results down also carries the RC ACKs
-//! of the data going up the same link: `A` = 62 bytes per chunk (0 for Reduce and
-//! Broadcast, whose data flows one way). The start message, ACK coalescing and
-//! processing are left out: they are what the simulation adds or saves.
+//! to host `r`: the first chunk's store-and-forward trip up and down the tree (pipeline
+//! fill and per-hop latency), then the rest of the vector streams through the busiest
+//! link direction `l` on those paths (`S / B`). A link direction whose reverse also
+//! carries data (every link of an AllReduce; a Reduce's links between its root rank
+//! and the root switch, where data goes up and the result comes down) carries the RC
+//! ACK of one chunk going the other way with each of its own: `A_l` = 62 bytes per
+//! chunk, else 0 (a Broadcast's data flows one way on every link). The start message,
+//! ACK coalescing and processing are left out: they are what the simulation adds or
+//! saves.
 //!
 //! Ring AllReduce over the hosts in rank order: `2 (n-1)/n · S / B + 2 (n-1) · α`, `B`
 //! the slowest link on any path between ring neighbours, `α` the largest propagation
@@ -102,30 +105,48 @@ impl Sim {
         let fill = |path: &[usize]| -> f64 {
             path.iter().map(|&d| ser_ns(first, &dirs[d]) + dirs[d].cfg.delay as f64).sum()
         };
-        let (mut up_max, mut down_max, mut b_min, mut max_hops) = (0f64, 0f64, u64::MAX, 0);
+        let reverse = |d: usize| {
+            let cfg = &dirs[d].cfg;
+            self.dir_index(cfg.to_node as usize, cfg.to_port as usize)
+        };
+        let (mut up_max, mut down_max, mut max_hops) = (0f64, 0f64, 0);
+        let mut carries_data = vec![false; dirs.len()];
         for h in 0..world {
-            let (sends, receives) = cfg.collective.role(h as u16);
             let up = self.path_up(h, root);
-            let down = self.path_down(h, root);
             max_hops = max_hops.max(up.len());
-            if sends {
+            if cfg.collective.role(h as u16).0 {
                 up_max = up_max.max(fill(&up));
-                b_min = up.iter().map(|&d| dirs[d].cfg.rate_bps).fold(b_min, u64::min);
+                up.iter().for_each(|&d| carries_data[d] = true);
             }
-            if receives {
-                down_max = down_max.max(fill(&down));
-                b_min = down.iter().map(|&d| dirs[d].cfg.rate_bps).fold(b_min, u64::min);
+        }
+        // A Broadcast's switches pass its data down as it goes up: no link carries it
+        // back down into the subtree it came from. A reduction exists only at the top.
+        let replicated_on_the_way_up = matches!(cfg.collective, Collective::Broadcast { .. });
+        let sent_up = carries_data.clone();
+        for h in (0..world).filter(|&h| cfg.collective.role(h as u16).1) {
+            let down = self.path_down(h, root);
+            down_max = down_max.max(fill(&down));
+            for d in down {
+                if !(replicated_on_the_way_up && sent_up[reverse(d)]) {
+                    carries_data[d] = true;
+                }
             }
         }
         let last = s - (n_chunks - 1) * p;
         let rest_bytes = n_chunks.saturating_sub(2) * (p + DATA_FRAME_OVERHEAD)
             + if n_chunks >= 2 { last + DATA_FRAME_OVERHEAD } else { 0 };
         let rest_frames = n_chunks.saturating_sub(1);
-        let oh = u64::from(dirs.first().map_or(0, |d| d.cfg.wire_overhead));
-        // Each result chunk down a link shares it with the ACK of one data chunk up.
-        let acks = if matches!(cfg.collective, Collective::AllReduce) { rest_frames } else { 0 };
-        let stream = (rest_bytes + rest_frames * oh + acks * (ACK_FRAME + oh)) as f64 * 8e9
-            / b_min.max(1) as f64;
+        let stream = (0..dirs.len())
+            .filter(|&d| carries_data[d])
+            .map(|d| {
+                let cfg = &dirs[d].cfg;
+                // The data the other way draws one ACK per chunk on this direction.
+                let acks = if carries_data[reverse(d)] { rest_frames } else { 0 };
+                let oh = u64::from(cfg.wire_overhead);
+                (rest_bytes + rest_frames * oh + acks * (ACK_FRAME + oh)) as f64 * 8e9
+                    / cfg.rate_bps.max(1) as f64
+            })
+            .fold(0f64, f64::max);
         let in_network_ns = up_max + down_max + stream;
 
         // Ring over ranks in order.
