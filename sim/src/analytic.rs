@@ -121,13 +121,14 @@ impl Sim {
         }
         // A Broadcast's switches pass its data down as it goes up: no link carries it
         // back down into the subtree it came from. A reduction exists only at the top.
+        // (The reverse of a link direction down is one up, which only the loop above
+        // marks.)
         let replicated_on_the_way_up = matches!(cfg.collective, Collective::Broadcast { .. });
-        let sent_up = carries_data.clone();
         for h in (0..world).filter(|&h| cfg.collective.role(h as u16).1) {
             let down = self.path_down(h, root);
             down_max = down_max.max(fill(&down));
             for d in down {
-                if !(replicated_on_the_way_up && sent_up[reverse(d)]) {
+                if !(replicated_on_the_way_up && carries_data[reverse(d)]) {
                     carries_data[d] = true;
                 }
             }
