@@ -97,7 +97,8 @@ impl Sim {
         let dirs = self.dirs();
         let (mtu, _) = self.mtu_window();
         let p = u64::from(mtu);
-        let s = cfg.bytes;
+        // The vector, or a ReduceScatter's or AllGather's block: what one part sends.
+        let s = self.block_bytes() as u64;
         let n_chunks = s.div_ceil(p);
         let first = p.min(s) + DATA_FRAME_OVERHEAD;
         let root = topo.switch_by_id(self.compiled().root_switch).unwrap_or(topo.root);
@@ -111,12 +112,17 @@ impl Sim {
         };
         let (mut up_max, mut down_max, mut max_hops) = (0f64, 0f64, 0);
         let mut carries_data = vec![false; dirs.len()];
+        // Senders whose path up crosses each link direction.
+        let mut senders_below = vec![0u64; dirs.len()];
         for h in 0..world {
             let up = self.path_up(h, root);
             max_hops = max_hops.max(up.len());
             if cfg.collective.role(h as u16).0 {
                 up_max = up_max.max(fill(&up));
-                up.iter().for_each(|&d| carries_data[d] = true);
+                for &d in &up {
+                    carries_data[d] = true;
+                    senders_below[d] += 1;
+                }
             }
         }
         // A Broadcast's switches pass its data down as it goes up: no link carries it
@@ -133,21 +139,44 @@ impl Sim {
                 }
             }
         }
-        let last = s - (n_chunks - 1) * p;
-        let rest_bytes = n_chunks.saturating_sub(2) * (p + DATA_FRAME_OVERHEAD)
-            + if n_chunks >= 2 { last + DATA_FRAME_OVERHEAD } else { 0 };
-        let rest_frames = n_chunks.saturating_sub(1);
+        // Parts (blocks) each link direction carries: one, except for the blockwise
+        // collectives, whose part i is rooted at rank i. ReduceScatter: every block goes
+        // up every path, and block r down only toward rank r. AllGather: block r goes up
+        // from rank r and down toward every other rank, never back into its own subtree.
+        let world_parts = world as u64;
+        let parts = |d: usize| -> u64 {
+            if !carries_data[d] {
+                return 0;
+            }
+            let going_up = senders_below[d] > 0;
+            match cfg.collective {
+                Collective::ReduceScatter if going_up => world_parts,
+                Collective::ReduceScatter => senders_below[reverse(d)],
+                Collective::AllGather if going_up => senders_below[d],
+                Collective::AllGather => world_parts - senders_below[reverse(d)],
+                _ => 1,
+            }
+        };
+        let block_bytes = s + n_chunks * DATA_FRAME_OVERHEAD;
         let stream = (0..dirs.len())
-            .filter(|&d| carries_data[d])
+            .filter(|&d| parts(d) > 0)
             .map(|d| {
                 let cfg = &dirs[d].cfg;
+                // All but the first chunk, which the fill counts.
+                let frames = parts(d) * n_chunks - 1;
+                let bytes = parts(d) * block_bytes - first;
                 // The data the other way draws one ACK per chunk on this direction.
-                let acks = if carries_data[reverse(d)] { rest_frames } else { 0 };
+                let acks = (parts(reverse(d)) * n_chunks).saturating_sub(1);
                 let oh = u64::from(cfg.wire_overhead);
-                (rest_bytes + rest_frames * oh + acks * (ACK_FRAME + oh)) as f64 * 8e9
+                (bytes + frames * oh + acks * (ACK_FRAME + oh)) as f64 * 8e9
                     / cfg.rate_bps.max(1) as f64
             })
             .fold(0f64, f64::max);
+        // An AllGather's first chunk need not climb to the root: a switch with two
+        // ranks below passes one's block straight down to the other.
+        if cfg.collective == Collective::AllGather {
+            (up_max, down_max) = (self.shortest_turn(root), 0.0);
+        }
         let in_network_ns = up_max + down_max + stream;
 
         // Ring over ranks in order.
@@ -175,6 +204,51 @@ impl Sim {
             ring_ns,
             ring_rate_bps: if ring_rate == u64::MAX { 0 } else { ring_rate },
             ring_alpha_ns: alpha,
+        }
+    }
+
+    /// The shortest trip of a first chunk from one host up to a switch and down to
+    /// another host below it (switches up to `top`): each switch's quickest way in
+    /// from a host below plus its quickest way out to one, over the switches with at
+    /// least two hosts below. Taking both ends from the same host can only shorten
+    /// it, so this stays a lower bound.
+    fn shortest_turn(&self, top: usize) -> f64 {
+        let topo = self.topology();
+        let dirs = self.dirs();
+        let (mtu, _) = self.mtu_window();
+        let first = u64::from(mtu).min(self.block_bytes() as u64) + DATA_FRAME_OVERHEAD;
+        let hop = |d: usize| ser_ns(first, &dirs[d]) + dirs[d].cfg.delay as f64;
+        let n = topo.switches.len();
+        let (mut best_in, mut best_out, mut below) =
+            (vec![f64::INFINITY; n], vec![f64::INFINITY; n], vec![0u32; n]);
+        for h in 0..topo.hosts.len() {
+            let host = &topo.hosts[h];
+            let (mut s, mut d_up) = (host.attach.switch, self.dir_index(n + h, 0));
+            let mut d_down = self.dir_index(s, host.attach.port);
+            let (mut t_in, mut t_out) = (0.0, 0.0);
+            loop {
+                t_in += hop(d_up);
+                t_out += hop(d_down);
+                best_in[s] = best_in[s].min(t_in);
+                best_out[s] = best_out[s].min(t_out);
+                below[s] += 1;
+                if s == top {
+                    break;
+                }
+                let Some((parent, port, parent_port)) = topo.tree[s].parent else { break };
+                (d_up, d_down) = (self.dir_index(s, port), self.dir_index(parent, parent_port));
+                s = parent;
+            }
+        }
+        let turn = (0..n)
+            .filter(|&s| below[s] >= 2)
+            .map(|s| best_in[s] + best_out[s])
+            .fold(f64::INFINITY, f64::min);
+        // One host: nothing travels.
+        if turn.is_finite() {
+            turn
+        } else {
+            0.0
         }
     }
 

@@ -24,6 +24,10 @@ pub enum Collective {
         /// Sending rank.
         root: u16,
     },
+    /// Every rank's vector is `world` blocks; rank `r` gets the reduction of block `r`.
+    ReduceScatter,
+    /// Rank `r` contributes block `r`; every rank gets all `world` blocks.
+    AllGather,
 }
 
 impl Collective {
@@ -33,22 +37,35 @@ impl Collective {
             Collective::AllReduce => "allreduce",
             Collective::Reduce { .. } => "reduce",
             Collective::Broadcast { .. } => "broadcast",
+            Collective::ReduceScatter => "reducescatter",
+            Collective::AllGather => "allgather",
         }
+    }
+
+    /// Whether the vector is `world` blocks, one rooted part per rank (the size is
+    /// the whole vector, as in inc-bench).
+    pub fn is_blockwise(self) -> bool {
+        matches!(self, Collective::ReduceScatter | Collective::AllGather)
     }
 
     /// Whether `rank` sends its vector and whether it receives one.
     pub fn role(self, rank: u16) -> (bool, bool) {
         match self {
-            Collective::AllReduce => (true, true),
+            Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather => {
+                (true, true)
+            }
             Collective::Reduce { root } => (true, rank == root),
             Collective::Broadcast { root } => (rank == root, rank != root),
         }
     }
 
-    /// The nccl-tests bus bandwidth factor (busbw = algbw x factor).
+    /// The nccl-tests bus bandwidth factor (busbw = algbw x factor; algbw of
+    /// ReduceScatter and AllGather over the whole vector).
     pub fn bus_factor(self, world: usize) -> f64 {
+        let n = world as f64;
         match self {
-            Collective::AllReduce => 2.0 * (world as f64 - 1.0) / world as f64,
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::ReduceScatter | Collective::AllGather => (n - 1.0) / n,
             _ => 1.0,
         }
     }

@@ -37,7 +37,9 @@ struct Args {
     #[arg(long, short, value_enum, default_value_t = Coll::Allreduce)]
     collective: Coll,
     /// Bytes per rank: a number with an optional K, M or G suffix (powers of 1024;
-    /// KiB, MiB, GiB accepted too).
+    /// KiB, MiB, GiB accepted too). For reducescatter and allgather the whole vector
+    /// of one block per rank (ReduceScatter's input, AllGather's output), rounded
+    /// down to whole blocks of whole elements.
     #[arg(long, short, default_value = "1M")]
     size: String,
     /// Element type (int32, float32, int8, uint8, uint32, int64, uint64, float16, bfloat16, float64).
@@ -102,6 +104,12 @@ enum Coll {
     Allreduce,
     Reduce,
     Broadcast,
+    /// The size is the whole vector of one block per rank (rounded down to whole
+    /// blocks of whole elements); rank r gets the reduction of block r.
+    Reducescatter,
+    /// The size is the whole vector of one block per rank (rounded down likewise);
+    /// rank r sends block r, every rank gets all.
+    Allgather,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -169,6 +177,8 @@ fn main() -> Result<()> {
         Coll::Allreduce => Collective::AllReduce,
         Coll::Reduce => Collective::Reduce { root: args.root },
         Coll::Broadcast => Collective::Broadcast { root: args.root },
+        Coll::Reducescatter => Collective::ReduceScatter,
+        Coll::Allgather => Collective::AllGather,
     };
     let cfg = SimConfig {
         collective,

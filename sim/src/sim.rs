@@ -99,6 +99,22 @@ pub enum SimError {
         /// Its size.
         size: usize,
     },
+    /// A ReduceScatter or AllGather vector too short for one element per rank.
+    #[error(
+        "size {bytes} bytes holds less than one {dtype} element per rank ({world} hosts in \
+         {file}); the size of reducescatter and allgather is the whole vector of one block per \
+         rank"
+    )]
+    NoWholeBlock {
+        /// Bytes asked.
+        bytes: u64,
+        /// Element type.
+        dtype: DataType,
+        /// Ranks.
+        world: usize,
+        /// Topology file.
+        file: String,
+    },
     /// The operator does not apply to the type.
     #[error("operator {op} does not apply to {dtype}")]
     BadOp {
@@ -411,6 +427,10 @@ impl HostSim {
 struct Shared {
     patterns: Vec<Vec<u8>>,
     scratch: Vec<u8>,
+    /// Bytes of a pattern such a rank sends from (AllGather: one block).
+    src_len: usize,
+    /// Bytes of the scratch it receives into (ReduceScatter: one block).
+    dst_len: usize,
 }
 
 /// Up to this many ranks, every rank has its own buffers and every element of every
@@ -435,11 +455,12 @@ fn op_buffers<'a>(
     receives: bool,
 ) -> OpBuffers<'a> {
     if let Some(p) = pattern {
-        let src = &shared.patterns[p];
+        let src = &shared.patterns[p][..shared.src_len];
+        let dst = &mut shared.scratch[..shared.dst_len];
         return match (sends, receives) {
-            (true, true) => OpBuffers::Separate { src, dst: &mut shared.scratch },
+            (true, true) => OpBuffers::Separate { src, dst },
             (true, false) => OpBuffers::SendOnly(src),
-            (false, true) => OpBuffers::RecvOnly(&mut shared.scratch),
+            (false, true) => OpBuffers::RecvOnly(dst),
             (false, false) => OpBuffers::None,
         };
     }
@@ -520,7 +541,7 @@ impl Sim {
 
     /// Compiles a communicator of every host of `topo` (rank i = host i) with the
     /// controller's compiler, builds the engines and the links, generates the inputs.
-    pub fn new(topo: Topology, cfg: SimConfig) -> Result<Sim, SimError> {
+    pub fn new(topo: Topology, mut cfg: SimConfig) -> Result<Sim, SimError> {
         let t0 = Instant::now();
         let size = cfg.dtype.size();
         if cfg.bytes == 0 || cfg.bytes % size as u64 != 0 {
@@ -532,6 +553,18 @@ impl Sim {
         let world = topo.hosts.len();
         if world > 0xFFFF {
             return Err(SimError::TooManyHosts { file: topo.file.clone(), hosts: world });
+        }
+        if cfg.collective.is_blockwise() {
+            let block = cfg.bytes / size as u64 / world.max(1) as u64 * size as u64;
+            if block == 0 {
+                return Err(SimError::NoWholeBlock {
+                    bytes: cfg.bytes,
+                    dtype: cfg.dtype,
+                    world,
+                    file: topo.file.clone(),
+                });
+            }
+            cfg.bytes = block * world as u64;
         }
         if let Collective::Reduce { root } | Collective::Broadcast { root } = cfg.collective {
             if usize::from(root) >= world {
@@ -748,6 +781,17 @@ impl Sim {
         &self.cfg
     }
 
+    /// Bytes of a ReduceScatter's or AllGather's block (one rank's share of the
+    /// vector), else of the whole vector.
+    pub fn block_bytes(&self) -> usize {
+        let bytes = self.cfg.bytes as usize;
+        if self.cfg.collective.is_blockwise() {
+            bytes / self.topo.hosts.len()
+        } else {
+            bytes
+        }
+    }
+
     fn generate_inputs(&mut self) {
         let t0 = Instant::now();
         let world = self.topo.hosts.len();
@@ -761,8 +805,11 @@ impl Sim {
         let collective = self.cfg.collective;
         let root = match collective {
             Collective::Reduce { root } | Collective::Broadcast { root } => Some(root),
-            Collective::AllReduce => None,
+            _ => None,
         };
+        // ReduceScatter and AllGather: rank r's block is bytes [r * block, (r + 1) * block).
+        let block = if collective.is_blockwise() { bytes / world } else { bytes };
+        let all_gather = collective == Collective::AllGather;
         // Above SAMPLE_RANKS ranks, every `stride`-th rank and the root keep their own
         // buffers; the others share patterns (drawn as ranks world.., never a real rank's).
         let sampled = |rank: u16| {
@@ -780,6 +827,8 @@ impl Sim {
                 .collect();
             self.shared.scratch = vec![POISON; bytes];
         }
+        self.shared.src_len = if all_gather { block } else { bytes };
+        self.shared.dst_len = if collective == Collective::ReduceScatter { block } else { bytes };
         let mut expected: Option<Vec<u8>> = None;
         let mut pattern_senders = vec![0u64; self.shared.patterns.len()];
         for node in &mut self.nodes {
@@ -799,12 +848,35 @@ impl Sim {
             if !h.sends {
                 continue;
             }
+            if all_gather {
+                // In place: the rank's own block holds its input, the others stay
+                // poisoned until the network fills them.
+                let own = usize::from(h.rank) * block;
+                input.fill(h.rank, &mut h.buf[own..own + block]);
+                expected.get_or_insert_with(|| vec![POISON; bytes])[own..own + block]
+                    .copy_from_slice(&h.buf[own..own + block]);
+                continue;
+            }
             input.fill(h.rank, &mut h.buf);
             match (collective, &mut expected) {
                 (Collective::Broadcast { .. }, e) => *e = Some(h.buf.clone()),
                 (_, None) => expected = Some(h.buf.clone()),
                 (_, Some(acc)) => combine_into(self.cfg.dtype, self.cfg.op, acc, &h.buf),
             }
+        }
+        if all_gather {
+            // Ranks outside the sample send the first block of their pattern.
+            let expected = expected.get_or_insert_with(|| vec![POISON; bytes]);
+            for node in &self.nodes {
+                if let Node::Host(h) = node {
+                    if let Some(p) = h.pattern {
+                        let own = usize::from(h.rank) * block;
+                        expected[own..own + block]
+                            .copy_from_slice(&self.shared.patterns[p][..block]);
+                    }
+                }
+            }
+            pattern_senders.fill(0);
         }
         // Pattern p sent by c ranks: p op p op ... (c times), by repeated squaring.
         for (p, &c) in pattern_senders.iter().enumerate() {
@@ -846,10 +918,13 @@ impl Sim {
                 Collective::AllReduce => CollectiveKind::AllReduce,
                 Collective::Reduce { root } => CollectiveKind::Reduce { root },
                 Collective::Broadcast { root } => CollectiveKind::Broadcast { root },
+                Collective::ReduceScatter => CollectiveKind::ReduceScatter,
+                Collective::AllGather => CollectiveKind::AllGather,
             },
             op: self.cfg.op,
             dtype: self.cfg.dtype,
-            count: self.cfg.bytes / self.cfg.dtype.size() as u64,
+            // ReduceScatter's and AllGather's count is one block's.
+            count: (self.block_bytes() / self.cfg.dtype.size()) as u64,
         };
         for node in &mut self.nodes {
             if let Node::Host(h) = node {
@@ -1051,13 +1126,22 @@ impl Sim {
                     if h.pattern.is_some() {
                         continue;
                     }
+                    // ReduceScatter: only the rank's own block is its result.
+                    let from = match self.cfg.collective {
+                        Collective::ReduceScatter => usize::from(h.rank) * self.block_bytes(),
+                        _ => 0,
+                    };
+                    let to = match self.cfg.collective {
+                        Collective::ReduceScatter => from + self.block_bytes(),
+                        _ => h.buf.len(),
+                    };
                     if let Some((element, got, want)) =
-                        first_mismatch(self.cfg.dtype, &h.buf, &self.expected)
+                        first_mismatch(self.cfg.dtype, &h.buf[from..to], &self.expected[from..to])
                     {
                         return Err(SimError::Mismatch {
                             rank: h.rank,
                             host: h.name.clone(),
-                            element,
+                            element: element + from / self.cfg.dtype.size(),
                             got,
                             want,
                         });
