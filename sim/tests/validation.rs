@@ -214,9 +214,10 @@ fn reduce_scatter_and_allgather_check_a_sample_above_1024_ranks() {
 }
 
 /// ReduceScatter streams every block up every path and block r down toward rank r
-/// only: within 3 % of the bound. AllGather stays above its bound; it is not tight,
-/// because each downlink takes the parts one after another and a part moves at the
-/// pace of its slowest receiver (docs/SIMULATION.md, "ReduceScatter and AllGather").
+/// only: within 3 % of the bound. AllGather stays above its bound; it is not tight:
+/// its parts (Broadcasts) run one after another, so each downlink idles during its own
+/// rank's part, n/(n-1) of the bound's stream (docs/SIMULATION.md, the formula's
+/// "ReduceScatter and AllGather").
 #[test]
 fn reduce_scatter_keeps_the_bound_and_allgather_stays_above_it() {
     for topo in ["1-2-4.yaml", "3-level.yaml"] {
