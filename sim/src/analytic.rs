@@ -14,7 +14,8 @@
 //!
 //! `up(s)` runs from host `s` to the communicator's root switch, `down(r)` from the root
 //! to host `r`: the first chunk's store-and-forward trip up and down the tree (pipeline
-//! fill and per-hop latency), then the rest of the vector streams through the busiest
+//! fill and per-hop latency; replicated data turns at the lowest common switch instead:
+//! a Broadcast takes the longest sender-to-receiver path, an AllGather the shortest), then the rest of the vector streams through the busiest
 //! link direction `l` on those paths (`S / B`). A link direction whose reverse also
 //! carries data (every link of an AllReduce; a Reduce's links between its root rank
 //! and the root switch, where data goes up and the result comes down) carries the RC
@@ -172,10 +173,18 @@ impl Sim {
                     / cfg.rate_bps.max(1) as f64
             })
             .fold(0f64, f64::max);
-        // An AllGather's first chunk need not climb to the root: a switch with two
-        // ranks below passes one's block straight down to the other.
-        if cfg.collective == Collective::AllGather {
-            (up_max, down_max) = (self.shortest_turn(root), 0.0);
+        // Replicated data need not climb to the root: a switch passes it down toward
+        // every receiver below it on the way up. A Broadcast's first chunk reaches
+        // receiver r over the path from the sender through their lowest common switch;
+        // an AllGather's fill is its shortest such turn.
+        match cfg.collective {
+            Collective::Broadcast { root: sender } => {
+                let to = |r: usize| fill(&self.host_to_host(usize::from(sender), r));
+                let receivers = (0..world).filter(|&r| r != usize::from(sender));
+                (up_max, down_max) = (receivers.map(to).fold(0.0, f64::max), 0.0);
+            }
+            Collective::AllGather => (up_max, down_max) = (self.shortest_turn(root), 0.0),
+            _ => {}
         }
         let in_network_ns = up_max + down_max + stream;
 

@@ -122,6 +122,64 @@ fn reduce_and_broadcast_keep_the_bound_on_slow_links() {
     }
 }
 
+/// A tree whose deepest receiver sits beside the sender: h0 and h1 under leaf, two
+/// switches below the root, h2 on the root itself. A Broadcast from h0 reaches h1 at
+/// the leaf and h2 after 3 hops up and 1 down; the bound once took 3 up and 3 down and
+/// was 8.6 % above the simulated 64 KiB (0.6 % at 1 MiB).
+const ASYMMETRIC: &str = r#"
+name: asym
+controller:
+  address: 10.0.0.1:7000
+defaults:
+  mtu: 4096
+  window: 64
+root: root
+switches:
+  - id: 0
+    name: root
+    ports:
+      - { name: d1, ip: 172.16.0.1/30, mac: auto }
+      - { name: h2, ip: 10.3.1.1/24, mac: auto }
+  - id: 1
+    name: mid
+    ports:
+      - { name: up, ip: 172.16.0.2/30, mac: auto }
+      - { name: d1, ip: 172.16.1.1/30, mac: auto }
+  - id: 2
+    name: leaf
+    ports:
+      - { name: up, ip: 172.16.1.2/30, mac: auto }
+      - { name: h0, ip: 10.1.1.1/24, mac: auto }
+      - { name: h1, ip: 10.1.1.2/24, mac: auto }
+links:
+  - { a: "root:d1", b: "mid:up" }
+  - { a: "mid:d1", b: "leaf:up" }
+hosts:
+  - { name: h0, ip: 10.1.1.21/24, mac: auto, attach: "leaf:h0" }
+  - { name: h1, ip: 10.1.1.5/24, mac: auto, attach: "leaf:h1" }
+  - { name: h2, ip: 10.3.1.7/24, mac: auto, attach: "root:h2" }"#;
+
+#[test]
+fn a_broadcast_turns_at_the_lowest_common_switch() {
+    for bytes in [64 << 10, 1 << 20] {
+        let topo = Topology::parse("asymmetric", ASYMMETRIC).expect("valid topology");
+        let cfg = SimConfig {
+            bytes,
+            link_rate_bps: 1_000_000_000,
+            collective: Collective::Broadcast { root: 0 },
+            ..SimConfig::default()
+        };
+        let (r, err) = run(topo, cfg);
+        assert_eq!(r.verified_ranks, 2);
+        assert!(
+            (0.0..0.02).contains(&err),
+            "{bytes} B: simulated {} ns is {:+.2}% off the bound",
+            r.time_ns,
+            err * 100.0
+        );
+    }
+}
+
 #[test]
 fn every_collective_and_type_is_checked_exactly() {
     for (collective, dtype, op) in [
