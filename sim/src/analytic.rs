@@ -15,8 +15,10 @@
 //! `up(s)` runs from host `s` to the communicator's root switch, `down(r)` from the root
 //! to host `r`: the first chunk's store-and-forward trip up and down the tree (pipeline
 //! fill and per-hop latency; replicated data turns at the lowest common switch instead:
-//! a Broadcast takes the longest sender-to-receiver path, an AllGather the shortest), then the rest of the vector streams through the busiest
-//! link direction `l` on those paths (`S / B`). A link direction whose reverse also
+//! a Broadcast takes the longest sender-to-receiver path, an AllGather the shortest),
+//! then the rest of the vector streams through the busiest link direction `l` on those
+//! paths (`S / B`; for ReduceScatter and AllGather `S` is a block and `l` carries as
+//! many blocks as the ranks it serves, see [`Sim::analytic`]). A link direction whose reverse also
 //! carries data (every link of an AllReduce; a Reduce's links between its root rank
 //! and the root switch, where data goes up and the result comes down) carries the RC
 //! ACK of one chunk going the other way with each of its own: `A_l` = 62 bytes per
