@@ -1,5 +1,6 @@
 //! Validation 2 of issue [16], small enough for CI: `inc-sim` on a topology predicts the
-//! emulator's collective time on the same topology when every link is rate-limited by
+//! emulator's collective time (AllReduce, Reduce, Broadcast, and ReduceScatter and
+//! AllGather of [14]) on the same topology when every link is rate-limited by
 //! the switches' link emulation, low enough that the links, not the machine's CPU, set
 //! the pace. The full validation (4, 9 and 64 hosts, 1 and 16 MiB, with and without
 //! loss, 3 runs each) is `sim/validate-emulator.sh` (docs/SIMULATION.md).
@@ -36,11 +37,11 @@ const COUNT: u64 = 1 << 20;
 /// 113-185.
 const HOST_LINK_HELD_MAX: u64 = 64;
 
-fn predicted_ms(collective: Collective) -> f64 {
+/// `bytes` is the vector per rank, or ReduceScatter's and AllGather's whole vector.
+fn predicted_ms(collective: Collective, bytes: u64) -> f64 {
     let path: PathBuf = repo_root().join(T124);
     let topo = Topology::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let cfg =
-        SimConfig { collective, bytes: COUNT * 4, link_rate_bps: RATE_BPS, ..SimConfig::default() };
+    let cfg = SimConfig { collective, bytes, link_rate_bps: RATE_BPS, ..SimConfig::default() };
     let report = Sim::new(topo, cfg).expect("simulation set-up").run().expect("simulated run");
     assert_eq!(report.retransmissions, 0, "the simulated run is lossless");
     report.time_ns as f64 / 1e6
@@ -48,7 +49,13 @@ fn predicted_ms(collective: Collective) -> f64 {
 
 #[test]
 fn inc_sim_predicts_the_rate_limited_emulator() {
-    let programs = ["inccl-allreduce", "inccl-reduce", "inccl-broadcast"];
+    let programs = [
+        "inccl-allreduce",
+        "inccl-reduce",
+        "inccl-broadcast",
+        "inccl-reducescatter",
+        "inccl-allgather",
+    ];
     if let Some(why) = skip_reason(&programs) {
         inc_test_support::skip("e2e_sim_validation", &why);
         return;
@@ -56,23 +63,36 @@ fn inc_sim_predicts_the_rate_limited_emulator() {
     let prefix = unique_prefix("v2");
     let emu = format!("rate={RATE}");
     let d = Deployment::up(&prefix, T124, &[emu.as_str()]);
-    let cases: [(&str, &str, &[&str], Collective); 3] = [
-        ("allreduce", "inccl-allreduce", &[], Collective::AllReduce),
-        ("reduce", "inccl-reduce", &["--root", "0"], Collective::Reduce { root: 0 }),
-        ("broadcast", "inccl-broadcast", &["--root", "0"], Collective::Broadcast { root: 0 }),
+    // ReduceScatter and AllGather: blocks of COUNT / 4 elements, so the whole vector is
+    // the 4 MiB of the others.
+    let world = d.plan.hosts.len() as u64;
+    let block = COUNT / world;
+    let cases: [(&str, &str, &[&str], Collective, u64); 5] = [
+        ("allreduce", "inccl-allreduce", &[], Collective::AllReduce, COUNT),
+        ("reduce", "inccl-reduce", &["--root", "0"], Collective::Reduce { root: 0 }, COUNT),
+        (
+            "broadcast",
+            "inccl-broadcast",
+            &["--root", "0"],
+            Collective::Broadcast { root: 0 },
+            COUNT,
+        ),
+        ("reducescatter", "inccl-reducescatter", &[], Collective::ReduceScatter, block),
+        ("allgather", "inccl-allgather", &[], Collective::AllGather, block),
     ];
     println!("\n1-2-4, every link {RATE}, {} MiB of int32 per rank:", (COUNT * 4) >> 20);
     println!("  collective   emulator (ms, slowest rank's p50 of 3)   inc-sim (ms)   error");
     let mut failures = Vec::new();
-    for (job, (name, program, extra, collective)) in cases.into_iter().enumerate() {
+    for (job, (name, program, extra, collective, count)) in cases.into_iter().enumerate() {
         let mut args = extra.to_vec();
         args.extend(["--iters", "3", "--warmup", "1"]);
         let out =
-            d.start_hosts(job as u16, program, COUNT, &args, &[]).wait(Duration::from_secs(120));
+            d.start_hosts(job as u16, program, count, &args, &[]).wait(Duration::from_secs(120));
         d.assert_all_pass(name, &out);
         let measured = out.iter().filter_map(HostOutcome::time_us).fold(0.0, f64::max) / 1000.0;
         assert!(measured > 0.0, "{name}: no rank reported a time");
-        let predicted = predicted_ms(collective);
+        let whole = if collective.is_blockwise() { count * world } else { count };
+        let predicted = predicted_ms(collective, whole * 4);
         let error = measured / predicted - 1.0;
         println!("  {name:<12} {measured:>38.1}   {predicted:>12.1}   {:+.1}%", error * 100.0);
         if !(-0.05..=0.5).contains(&error) {
