@@ -26,7 +26,8 @@
 //! ACK coalescing and processing are left out: they are what the simulation adds or
 //! saves.
 //!
-//! Ring AllReduce over the hosts in rank order: `2 (n-1)/n · S / B + 2 (n-1) · α`, `B`
+//! Ring AllReduce over the hosts in rank order: `2 (n-1)/n · S / B + 2 (n-1) · α` (a
+//! ring ReduceScatter or AllGather of the whole vector `S`: half of it), `B`
 //! the slowest link on any path between ring neighbours, `α` the largest propagation
 //! delay of such a path (sum of its links' delays).
 
@@ -50,7 +51,7 @@ pub struct Analytic {
     pub fill_ns: f64,
     /// Most link hops from a host to the root switch.
     pub max_hops: usize,
-    /// Ring AllReduce time, ns.
+    /// Ring time, ns: AllReduce, or for ReduceScatter and AllGather their own ring.
     pub ring_ns: f64,
     /// The ring's bandwidth term's rate, bits/s.
     pub ring_rate_bps: u64,
@@ -205,8 +206,10 @@ impl Sim {
         let ring_ns = if world < 2 || ring_rate == u64::MAX {
             0.0
         } else {
-            2.0 * (nf - 1.0) / nf * s as f64 * 8e9 / ring_rate as f64
-                + 2.0 * (nf - 1.0) * alpha as f64
+            // A ring ReduceScatter or AllGather is one half of a ring AllReduce.
+            let phases = if cfg.collective.is_blockwise() { 1.0 } else { 2.0 };
+            phases * (nf - 1.0) / nf * cfg.bytes as f64 * 8e9 / ring_rate as f64
+                + phases * (nf - 1.0) * alpha as f64
         };
         Analytic {
             in_network_ns,

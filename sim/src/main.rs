@@ -58,7 +58,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
     /// Also print the analytical ring AllReduce time on the same links
-    /// (2(n-1)/n·S/B + 2(n-1)·α) and INC's speed-up over it.
+    /// (2(n-1)/n·S/B + 2(n-1)·α) and INC's speed-up over it; for reducescatter and
+    /// allgather their own ring ((n-1)/n·S/B + (n-1)·α, S the whole vector).
     #[arg(long, value_enum)]
     compare: Option<Compare>,
     /// Link rate where the YAML's emulation gives none (e.g. 100gbit, 200mbit).
@@ -310,7 +311,11 @@ fn print_table(out: &mut String, o: &Output<'_>, ring: bool) {
     if ring {
         let _ = writeln!(
             out,
-            "ring allreduce  {:>12.3} us   (B {}, α {} ns; INC is {:.2}x the ring's speed)",
+            "ring {:<10} {:>12.3} us   (B {}, α {} ns; INC is {:.2}x the ring's speed)",
+            match r.collective {
+                c @ ("reducescatter" | "allgather") => c,
+                _ => "allreduce",
+            },
             a.ring_ns / 1e3,
             rate_text(a.ring_rate_bps),
             a.ring_alpha_ns,

@@ -299,6 +299,22 @@ fn reduce_scatter_keeps_the_bound_and_allgather_stays_above_it() {
     }
 }
 
+/// `--compare ring` for ReduceScatter and AllGather is their own ring, half a ring
+/// AllReduce of the same whole vector.
+#[test]
+fn the_ring_of_reduce_scatter_and_allgather_is_half_an_allreduce_ring() {
+    let ring = |collective| {
+        let cfg = SimConfig { collective, bytes: 1 << 20, ..SimConfig::default() };
+        Sim::new(shipped("3-level.yaml"), cfg).unwrap().analytic().ring_ns
+    };
+    // 9 hosts: the blockwise vector is rounded down to 9 whole blocks.
+    let allreduce = ring(Collective::AllReduce) * (1_048_572.0 / 1_048_576.0);
+    for collective in [Collective::ReduceScatter, Collective::AllGather] {
+        let r = ring(collective);
+        assert!((r / allreduce - 0.5).abs() < 1e-3, "{collective:?}: {r} vs {allreduce}");
+    }
+}
+
 /// The YAML's link emulation applies: 1-2-4-lossy loses frames on one link and slows
 /// another to 1 Gb/s; the run still completes exactly, with retransmissions, and the
 /// same seed replays the same run while another seed does not.
