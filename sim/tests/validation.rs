@@ -240,7 +240,7 @@ fn reduce_scatter_and_allgather_are_exact_on_every_rank() {
                 };
                 let sim = Sim::new(shipped(topo), cfg).unwrap();
                 let block = sim.block_bytes();
-                assert_eq!(block % cfg_size(dtype), 0, "{topo} {dtype}: whole elements");
+                assert_eq!(block % elem_size(dtype), 0, "{topo} {dtype}: whole elements");
                 assert_eq!(sim.config().bytes, (block * world) as u64, "{topo} {dtype}");
                 let r = sim.run().unwrap_or_else(|e| panic!("{topo} {collective:?} {dtype}: {e}"));
                 assert_eq!(
@@ -253,7 +253,7 @@ fn reduce_scatter_and_allgather_are_exact_on_every_rank() {
     }
 }
 
-fn cfg_size(dtype: &str) -> usize {
+fn elem_size(dtype: &str) -> usize {
     dtype.parse::<inc_wire::DataType>().unwrap().size()
 }
 
