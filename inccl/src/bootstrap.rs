@@ -398,6 +398,12 @@ impl Bootstrap {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let t = left.clamp(Duration::from_millis(1), Duration::from_secs(2));
                 match TcpStream::connect_timeout(a, t) {
+                    // With rank 0 not listening yet and its port in the ephemeral range,
+                    // a retry can draw that very port as its source and connect to
+                    // itself (TCP simultaneous open): it would read its own Hello.
+                    Ok(s) if is_self_connection(&s) => {
+                        last = Some(io::Error::other("connected to itself, not to rank 0"));
+                    }
                     Ok(s) => break 'connect s,
                     Err(e) => last = Some(e),
                 }
@@ -756,6 +762,11 @@ fn abort_all(peers: &mut [Option<Conn>], reason: &str) {
     }
 }
 
+/// Whether `s` is a TCP self-connection (its local and peer addresses are the same).
+fn is_self_connection(s: &TcpStream) -> bool {
+    matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p)
+}
+
 fn connect_controller(cfg: &GroupConfig) -> Result<Box<ControllerLink>> {
     let addr = cfg.controller.clone().ok_or_else(|| {
         Error::Config(
@@ -821,5 +832,34 @@ fn wait_readable(listener: &TcpListener, timeout: Duration) -> Result<bool> {
         Ok(n) => Ok(n > 0),
         Err(nix::errno::Errno::EINTR) => Ok(false),
         Err(e) => Err(Error::io("poll on the bootstrap listener", e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+
+    use nix::sys::socket::{
+        bind, connect, getsockname, socket, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+
+    use super::is_self_connection;
+
+    #[test]
+    fn a_self_connection_is_recognised() {
+        // A socket bound to a port nobody listens on, connected to that same port: TCP
+        // simultaneous open connects it to itself, as a retrying leaf can be.
+        let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::empty(), None).unwrap();
+        bind(fd.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+        let me: SockaddrIn = getsockname(fd.as_raw_fd()).unwrap();
+        connect(fd.as_raw_fd(), &me).unwrap();
+        let s = TcpStream::from(fd);
+        assert!(is_self_connection(&s));
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let s = TcpStream::connect(addr).unwrap();
+        assert!(!is_self_connection(&s));
     }
 }

@@ -24,7 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLONE_NEWNET = 0x40000000
-_ports = itertools.count(41000)
+# Below Linux's ephemeral range (32768-60999 by default): a rank that connects before the
+# master listens could otherwise draw the master's port as its own source port and
+# connect to itself (torch's TCPStore then reads its own ping: "invalid value returned").
+_ports = itertools.count(21000)
 
 
 class Fabric:
