@@ -186,7 +186,7 @@ impl Sim {
                 let receivers = (0..world).filter(|&r| r != usize::from(sender));
                 (up_max, down_max) = (receivers.map(to).fold(0.0, f64::max), 0.0);
             }
-            Collective::AllGather => (up_max, down_max) = (self.shortest_turn(root), 0.0),
+            Collective::AllGather => (up_max, down_max) = (self.shortest_turn(root, first), 0.0),
             _ => {}
         }
         let in_network_ns = up_max + down_max + stream;
@@ -221,16 +221,14 @@ impl Sim {
         }
     }
 
-    /// The shortest trip of a first chunk from one host up to a switch and down to
-    /// another host below it (switches up to `top`): each switch's quickest way in
-    /// from a host below plus its quickest way out to one, over the switches with at
-    /// least two hosts below. Taking both ends from the same host can only shorten
-    /// it, so this stays a lower bound.
-    fn shortest_turn(&self, top: usize) -> f64 {
+    /// The shortest trip of a first chunk (a frame of `first` bytes) from one host up
+    /// to a switch and down to another host below it (switches up to `top`): each
+    /// switch's quickest way in from a host below plus its quickest way out to one, over
+    /// the switches with at least two hosts below. Taking both ends from the same host
+    /// can only shorten it, so this stays a lower bound.
+    fn shortest_turn(&self, top: usize, first: u64) -> f64 {
         let topo = self.topology();
         let dirs = self.dirs();
-        let (mtu, _) = self.mtu_window();
-        let first = u64::from(mtu).min(self.block_bytes() as u64) + DATA_FRAME_OVERHEAD;
         let hop = |d: usize| ser_ns(first, &dirs[d]) + dirs[d].cfg.delay as f64;
         let n = topo.switches.len();
         let (mut best_in, mut best_out, mut below) =

@@ -808,7 +808,7 @@ impl Sim {
             _ => None,
         };
         // ReduceScatter and AllGather: rank r's block is bytes [r * block, (r + 1) * block).
-        let block = if collective.is_blockwise() { bytes / world } else { bytes };
+        let block = self.block_bytes();
         let all_gather = collective == Collective::AllGather;
         // Above SAMPLE_RANKS ranks, every `stride`-th rank and the root keep their own
         // buffers; the others share patterns (drawn as ranks world.., never a real rank's).
@@ -1127,13 +1127,12 @@ impl Sim {
                         continue;
                     }
                     // ReduceScatter: only the rank's own block is its result.
-                    let from = match self.cfg.collective {
-                        Collective::ReduceScatter => usize::from(h.rank) * self.block_bytes(),
-                        _ => 0,
-                    };
-                    let to = match self.cfg.collective {
-                        Collective::ReduceScatter => from + self.block_bytes(),
-                        _ => h.buf.len(),
+                    let (from, to) = match self.cfg.collective {
+                        Collective::ReduceScatter => {
+                            let block = self.block_bytes();
+                            (usize::from(h.rank) * block, (usize::from(h.rank) + 1) * block)
+                        }
+                        _ => (0, h.buf.len()),
                     };
                     if let Some((element, got, want)) =
                         first_mismatch(self.cfg.dtype, &h.buf[from..to], &self.expected[from..to])

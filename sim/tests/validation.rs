@@ -39,6 +39,27 @@ fn run(topo: Topology, cfg: SimConfig) -> (SimReport, f64) {
     (r, err)
 }
 
+/// Runs `collective` of `bytes` on `topo` with every link at 1 Gb/s: lossless, and the
+/// simulated time off the bound by a relative error in `within`.
+fn check_bound_on_slow_links(
+    topo: Topology,
+    collective: Collective,
+    bytes: u64,
+    within: std::ops::Range<f64>,
+) -> SimReport {
+    let name = topo.name.clone();
+    let cfg = SimConfig { bytes, link_rate_bps: 1_000_000_000, collective, ..SimConfig::default() };
+    let (r, err) = run(topo, cfg);
+    assert_eq!(r.retransmissions + r.queue_drops + r.lost, 0, "{name}: lossless");
+    assert!(
+        within.contains(&err),
+        "{name} {collective:?} {bytes} B: simulated {} ns is {:+.2}% off the bound",
+        r.time_ns,
+        err * 100.0
+    );
+    r
+}
+
 fn check_bound(topo: Topology, bytes: u64) -> f64 {
     let name = topo.name.clone();
     let hosts = topo.hosts.len();
@@ -104,20 +125,7 @@ fn other_rates_delays_and_payload_sizes_keep_the_bound() {
 fn reduce_and_broadcast_keep_the_bound_on_slow_links() {
     for topo in ["1-2-4.yaml", "3-level.yaml"] {
         for collective in [Collective::Reduce { root: 0 }, Collective::Broadcast { root: 0 }] {
-            let cfg = SimConfig {
-                bytes: 256 << 10,
-                link_rate_bps: 1_000_000_000,
-                collective,
-                ..SimConfig::default()
-            };
-            let (r, err) = run(shipped(topo), cfg);
-            assert_eq!(r.retransmissions + r.queue_drops + r.lost, 0, "{topo}: lossless");
-            assert!(
-                (0.0..0.01).contains(&err),
-                "{topo} {collective:?}: simulated {} ns is {:+.2}% off the bound",
-                r.time_ns,
-                err * 100.0
-            );
+            check_bound_on_slow_links(shipped(topo), collective, 256 << 10, 0.0..0.01);
         }
     }
 }
@@ -163,20 +171,9 @@ hosts:
 fn a_broadcast_turns_at_the_lowest_common_switch() {
     for bytes in [64 << 10, 1 << 20] {
         let topo = Topology::parse("asymmetric", ASYMMETRIC).expect("valid topology");
-        let cfg = SimConfig {
-            bytes,
-            link_rate_bps: 1_000_000_000,
-            collective: Collective::Broadcast { root: 0 },
-            ..SimConfig::default()
-        };
-        let (r, err) = run(topo, cfg);
+        let broadcast = Collective::Broadcast { root: 0 };
+        let r = check_bound_on_slow_links(topo, broadcast, bytes, 0.0..0.02);
         assert_eq!(r.verified_ranks, 2);
-        assert!(
-            (0.0..0.02).contains(&err),
-            "{bytes} B: simulated {} ns is {:+.2}% off the bound",
-            r.time_ns,
-            err * 100.0
-        );
     }
 }
 
@@ -280,21 +277,8 @@ fn reduce_scatter_and_allgather_check_a_sample_above_1024_ranks() {
 fn reduce_scatter_keeps_the_bound_and_allgather_stays_above_it() {
     for topo in ["1-2-4.yaml", "3-level.yaml"] {
         for collective in [Collective::ReduceScatter, Collective::AllGather] {
-            let cfg = SimConfig {
-                bytes: 1 << 20,
-                link_rate_bps: 1_000_000_000,
-                collective,
-                ..SimConfig::default()
-            };
-            let (r, err) = run(shipped(topo), cfg);
-            assert_eq!(r.retransmissions + r.queue_drops + r.lost, 0, "{topo}: lossless");
             let limit = if collective == Collective::ReduceScatter { 0.03 } else { 0.5 };
-            assert!(
-                (0.0..limit).contains(&err),
-                "{topo} {collective:?}: simulated {} ns is {:+.2}% off the bound",
-                r.time_ns,
-                err * 100.0
-            );
+            check_bound_on_slow_links(shipped(topo), collective, 1 << 20, 0.0..limit);
         }
     }
 }

@@ -63,8 +63,8 @@ fn inc_sim_predicts_the_rate_limited_emulator() {
     let prefix = unique_prefix("v2");
     let emu = format!("rate={RATE}");
     let d = Deployment::up(&prefix, T124, &[emu.as_str()]);
-    // ReduceScatter and AllGather: blocks of COUNT / 4 elements, so the whole vector is
-    // the 4 MiB of the others.
+    // ReduceScatter and AllGather: blocks of COUNT / world elements, so the whole vector
+    // is the 4 MiB of the others.
     let world = d.plan.hosts.len() as u64;
     let block = COUNT / world;
     let cases: [(&str, &str, &[&str], Collective, u64); 5] = [
