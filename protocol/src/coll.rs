@@ -38,7 +38,8 @@ pub enum MsgKind {
 /// What a collective is: the fields of the INC immediate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CollOp {
-    /// AllReduce, Reduce or Broadcast (Barrier is AllReduce with operator Barrier).
+    /// AllReduce, Reduce, Broadcast or AllGather (Barrier is AllReduce with operator
+    /// Barrier).
     pub primitive: Primitive,
     /// Barrier, Sum, Max or Min.
     pub operator: Operator,
@@ -82,7 +83,7 @@ impl CollOp {
 
     /// Whether the root rank matters for this primitive.
     pub fn rooted(&self) -> bool {
-        !matches!(self.primitive, Primitive::AllReduce)
+        !matches!(self.primitive, Primitive::AllReduce | Primitive::AllGather)
     }
 }
 
@@ -123,7 +124,7 @@ pub mod field {
             (ROOT, "root"),
             (COUNT, "count"),
             (START, "stream position"),
-            (COLLECTIVE, "collective (a ReduceScatter or AllGather part against another)"),
+            (COLLECTIVE, "collective (a ReduceScatter part against a collective of its own)"),
         ];
         let v: Vec<&str> = all.iter().filter(|(b, _)| mask & b != 0).map(|(_, n)| *n).collect();
         if v.is_empty() {
@@ -134,10 +135,10 @@ pub mod field {
     }
 }
 
-/// Whether a Start is a collective of its own or one part of a blockwise collective (a
-/// ReduceScatter part is a Reduce rooted at the block's owner, an AllGather part a
-/// Broadcast), so that ranks disagreeing on which they run get a Mismatch instead of
-/// running the first part together (header byte 34; 0 in headers of builds before it).
+/// Whether a Start is a collective of its own or one part of a ReduceScatter (a Reduce
+/// rooted at the block's owner), so that ranks disagreeing on which they run get a
+/// Mismatch instead of running the first part together (header byte 34; 0 in headers of
+/// builds before it). An AllGather is one collective of its own primitive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]
 pub enum PartOf {
@@ -146,15 +147,11 @@ pub enum PartOf {
     Whole = 0,
     /// A part of a ReduceScatter.
     ReduceScatter = 1,
-    /// A part of an AllGather.
-    AllGather = 2,
 }
 
 impl PartOf {
     fn from_code(code: u8) -> Option<PartOf> {
-        [PartOf::Whole, PartOf::ReduceScatter, PartOf::AllGather]
-            .into_iter()
-            .find(|p| *p as u8 == code)
+        [PartOf::Whole, PartOf::ReduceScatter].into_iter().find(|p| *p as u8 == code)
     }
 }
 
@@ -340,6 +337,30 @@ pub fn chunk_range(index: u64, bytes: u64, mtu: usize) -> (u64, usize) {
     (off, len)
 }
 
+/// Stream positions of an AllGather of `world` blocks of `count` elements: every block
+/// is chunked as a vector of its own ([`chunk_count`]), and chunk `k` of rank `b`'s
+/// block sits at position `k * world + b` ([`gather_position`]). Interleaved, every
+/// rank's block is on the wire at once within one window, and a switch that passes the
+/// positions on in order keeps O(window) of them.
+pub fn gather_chunks(count: u64, elem: usize, mtu: usize, world: u16) -> u64 {
+    chunk_count(count, elem, mtu).saturating_mul(u64::from(world.max(1)))
+}
+
+/// Position, relative to an AllGather's start, of the `index`-th chunk a peer sends
+/// when the blocks it carries are those of `ranks` (ascending): a host its own block,
+/// a switch the blocks of the ranks behind it, in stream order.
+pub fn gather_position(index: u64, ranks: &[u16], world: u16) -> u64 {
+    let m = ranks.len().max(1) as u64;
+    (index / m) * u64::from(world) + u64::from(ranks[(index % m) as usize])
+}
+
+/// Which block (its rank) and which chunk of it an AllGather position (relative to its
+/// start) holds.
+pub fn gather_chunk_at(pos: u64, world: u16) -> (u16, u64) {
+    let world = u64::from(world.max(1));
+    ((pos % world) as u16, pos / world)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +400,23 @@ mod tests {
         assert_eq!(chunk_range(n - 1, bytes, 4096), (1 << 32, 4));
     }
 
+    /// Rank 2 of 4 sends positions 2, 6, 10, ...; a switch behind which ranks 1 and 3
+    /// sit sends 1, 3, 5, 7, ...; and every position names its block and chunk.
+    #[test]
+    fn gather_positions_interleave_the_blocks() {
+        assert_eq!(gather_chunks(1000, 4, 1024, 4), 16);
+        assert_eq!(gather_chunks(0, 4, 1024, 3), 3, "an empty block is one empty chunk");
+        let own: Vec<u64> = (0..3).map(|i| gather_position(i, &[2], 4)).collect();
+        assert_eq!(own, [2, 6, 10]);
+        let pair: Vec<u64> = (0..4).map(|i| gather_position(i, &[1, 3], 4)).collect();
+        assert_eq!(pair, [1, 3, 5, 7]);
+        assert_eq!(gather_chunk_at(7, 4), (3, 1));
+        for pos in 0..40 {
+            let (rank, k) = gather_chunk_at(pos, 5);
+            assert_eq!(gather_position(k, &[rank], 5), pos);
+        }
+    }
+
     fn op() -> CollOp {
         CollOp {
             primitive: Primitive::Reduce,
@@ -392,7 +430,7 @@ mod tests {
         #[test]
         fn roundtrip(seq: u32, a: u64, b: u64, c: u64, r: u16, kind in 0u8..3, code in 1u16..4, f: u16) {
             let msg = match kind {
-                0 => CtrlMsg::Start { seq, count: a, start_pos: b, chunks: c, rank: r, part_of: match code { 1 => PartOf::Whole, 2 => PartOf::ReduceScatter, _ => PartOf::AllGather } },
+                0 => CtrlMsg::Start { seq, count: a, start_pos: b, chunks: c, rank: r, part_of: if code == 1 { PartOf::Whole } else { PartOf::ReduceScatter } },
                 1 => CtrlMsg::Progress { seq, completed: a },
                 _ => CtrlMsg::Error { seq, code: match code { 1 => ErrorCode::Mismatch, 2 => ErrorCode::ConnectionFailed, _ => ErrorCode::Protocol }, fields: f, rank_a: r, rank_b: r ^ 1 },
             };
@@ -446,18 +484,21 @@ mod tests {
             start_pos: 3,
             chunks: 1,
             rank: 4,
-            part_of: PartOf::AllGather,
+            part_of: PartOf::ReduceScatter,
         };
         let mut b = msg.to_bytes();
-        assert_eq!(b[34], 2);
+        assert_eq!(b[34], 1);
         let imm = op().imm(MsgKind::Start);
         b[34] = 0;
         assert!(matches!(
             CtrlMsg::parse(imm, &b),
             Ok((_, CtrlMsg::Start { part_of: PartOf::Whole, .. }))
         ));
-        b[34] = 9;
-        assert!(matches!(CtrlMsg::parse(imm, &b), Err(CtrlError::Inconsistent(_))));
+        // 2 was an AllGather part before AllGather became one collective.
+        for code in [2, 9] {
+            b[34] = code;
+            assert!(matches!(CtrlMsg::parse(imm, &b), Err(CtrlError::Inconsistent(_))));
+        }
     }
 
     #[test]

@@ -101,7 +101,7 @@ impl Sim {
         let dirs = self.dirs();
         let (mtu, _) = self.mtu_window();
         let p = u64::from(mtu);
-        // The vector, or a ReduceScatter's or AllGather's block: what one part sends.
+        // The vector, or one block of a ReduceScatter or AllGather.
         let s = self.block_bytes() as u64;
         let n_chunks = s.div_ceil(p);
         let first = p.min(s) + DATA_FRAME_OVERHEAD;

@@ -21,13 +21,14 @@ pub enum Primitive {
     AllReduce = 0,
     Reduce = 1,
     Broadcast = 2,
+    /// Every rank's block to every rank, the blocks interleaved on the stream (the
+    /// project's extension: the seed leaves code 3 unused).
+    AllGather = 3,
 }
 
 /// An invalid field in an INC immediate; names the field and its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ImmError {
-    #[error("invalid INC immediate 0x{imm:08x}: primitive {value} (expected 0-2)")]
-    InvalidPrimitive { imm: u32, value: u8 },
     #[error("invalid INC immediate 0x{imm:08x}: datatype {value} (expected 0-{})", DataType::ALL.len() - 1)]
     InvalidDataType { imm: u32, value: u8 },
     #[error("invalid INC immediate 0x{imm:08x}: operator {value} (expected 0-{})", Operator::ALL.len() - 1)]
@@ -67,16 +68,15 @@ impl IncImm {
             | (self.reserved & Self::RESERVED_MASK) as u32
     }
 
-    /// Decodes an ImmDt value. Primitive 3, datatype and operator codes outside the
-    /// tables, and operators that do not apply to the type (bitwise on a float) are
-    /// errors.
+    /// Decodes an ImmDt value. Datatype and operator codes outside the tables, and
+    /// operators that do not apply to the type (bitwise on a float) are errors.
     pub fn decode(imm: u32) -> Result<IncImm, ImmError> {
         let p = ((imm >> 14) & 0x3) as u8;
         let primitive = match p {
             0 => Primitive::AllReduce,
             1 => Primitive::Reduce,
             2 => Primitive::Broadcast,
-            value => return Err(ImmError::InvalidPrimitive { imm, value }),
+            _ => Primitive::AllGather,
         };
         let value = (((imm >> 6) & 0x3) << 2 | ((imm >> 12) & 0x3)) as u8;
         let operator =
@@ -127,10 +127,7 @@ mod tests {
         };
         assert_eq!(i.encode(), 0xffff_a11a);
         assert_eq!(IncImm::decode(0xffff_a11a).unwrap(), i);
-        assert_eq!(
-            IncImm::decode(0x0000_c000),
-            Err(ImmError::InvalidPrimitive { imm: 0xc000, value: 3 })
-        );
+        assert_eq!(IncImm::decode(0x0000_c000).unwrap().primitive, Primitive::AllGather);
     }
 
     #[test]
@@ -191,7 +188,7 @@ mod tests {
         let dt = (imm >> 8) & 0xf;
         let bitwise = (6..=8).contains(&op);
         let float = matches!(dt, 1 | 7 | 8 | 9);
-        (imm >> 14) & 3 != 3 && op <= 8 && dt <= 9 && !(bitwise && float)
+        op <= 8 && dt <= 9 && !(bitwise && float)
     }
 
     proptest! {
@@ -209,12 +206,17 @@ mod tests {
         #[test]
         fn encode_decode(
             dest_rank in any::<u16>(),
-            p in 0usize..3,
+            p in 0usize..4,
             o in 0..Operator::ALL.len(),
             d in 0..DataType::ALL.len(),
             reserved in 0u8..64,
         ) {
-            let primitive = [Primitive::AllReduce, Primitive::Reduce, Primitive::Broadcast][p];
+            let primitive = [
+                Primitive::AllReduce,
+                Primitive::Reduce,
+                Primitive::Broadcast,
+                Primitive::AllGather,
+            ][p];
             let (operator, datatype) = (Operator::ALL[o], DataType::ALL[d]);
             let i = IncImm { dest_rank, primitive, operator, datatype, reserved };
             if operator.applies_to(datatype) {

@@ -27,8 +27,8 @@ pub enum Delivery {
     Accepted,
     /// Consumed, and it completed this rank's part of a result whose senders wait for
     /// its delivery (a Reduce's root, a Broadcast's receivers, and so every part of a
-    /// ReduceScatter or AllGather): the RC layer ACKs at once, as the senders'
-    /// completion waits for that ACK.
+    /// ReduceScatter): the RC layer ACKs at once, as the senders' completion waits for
+    /// that ACK.
     AcceptedAwaited,
     /// Data arrived while no collective that expects it is running: the RC layer
     /// answers with an RNR NAK and the switch resends later.
@@ -129,32 +129,67 @@ struct Active {
     start_pos: u64,
     chunks: u64,
     bytes: u64,
-    /// The part of a blockwise collective this is.
+    /// The part of a ReduceScatter this is.
     blocks: Option<Blocks>,
+    /// An AllGather: its blocks interleaved on the stream.
+    gather: Option<Gather>,
     start_sent: bool,
     sends_data: bool,
     /// Completion comes from result chunks (else from progress messages).
     gets_data: bool,
-    /// A Broadcast root sends nothing until every earlier collective completed here:
-    /// its chunks are not aggregated, so sent earlier they could reach another rank
-    /// ahead of an earlier collective's results, and data messages carry no sequence
-    /// number. (Contributions may go early: their results complete in stream order.)
+    /// A Broadcast root or an AllGather rank sends nothing until every earlier
+    /// collective completed here: its chunks are not aggregated, so sent earlier they
+    /// could reach another rank ahead of an earlier collective's results, and data
+    /// messages carry no sequence number. (Contributions may go early: their results
+    /// complete in stream order.)
     waits_for_head: bool,
+    /// Chunks sent (an AllGather: of this rank's block).
     next_send: u64,
-    /// Chunks complete end to end (results received or progress reported).
+    /// Chunks complete end to end (results received or progress reported); an
+    /// AllGather: the positions before the first that is neither this rank's and sent
+    /// nor another's and received.
     completed: u64,
     /// The network failed this collective before it started here: send the Start (so
     /// the switch's bookkeeping closes) and fail.
     doomed: Option<HostError>,
 }
 
-/// One call of the caller: a collective, or a `ReduceScatter`/`AllGather` of
-/// `world_size` parts.
+impl Active {
+    /// Chunks this rank sends.
+    fn to_send(&self) -> u64 {
+        self.gather.map_or(self.chunks, |g| g.per_block)
+    }
+
+    /// Position, relative to the start, of this rank's `k`-th chunk.
+    fn send_position(&self, k: u64) -> u64 {
+        self.gather.map_or(k, |g| k * u64::from(g.world) + u64::from(g.rank))
+    }
+
+    /// Byte offset of what this rank sends in its send buffer.
+    fn send_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
+        match (self.blocks, self.gather) {
+            (Some(b), _) => b.send_offset(),
+            (_, Some(g)) => g.send_offset(bufs),
+            _ => 0,
+        }
+    }
+
+    /// Whether data for this rank is still to come.
+    fn expects_data(&self) -> bool {
+        self.gets_data
+            && match self.gather {
+                Some(g) => g.received < g.foreign_chunks(),
+                None => self.completed < self.chunks,
+            }
+    }
+}
+
+/// One call of the caller: a collective, or a `ReduceScatter` of `world_size` parts.
 #[derive(Debug)]
 struct Call {
     id: u64,
     spec: CollectiveSpec,
-    /// Part 0 of a blockwise call.
+    /// Part 0 of a ReduceScatter.
     blocks: Option<Blocks>,
     parts: u16,
     begun: u16,
@@ -164,8 +199,8 @@ struct Call {
     outcome: Option<Result<(), HostError>>,
 }
 
-/// Where a part of a `ReduceScatter` or `AllGather` stands: part `i` is a collective
-/// rooted at rank `i` over block `i` of the user's buffers.
+/// Where a part of a `ReduceScatter` stands: part `i` is a Reduce rooted at rank `i`
+/// over block `i` of the user's buffers.
 #[derive(Debug, Clone, Copy)]
 struct Blocks {
     /// The caller's collective.
@@ -179,37 +214,76 @@ struct Blocks {
 impl Blocks {
     /// The collective part `self.part` runs.
     fn part_spec(&self) -> CollectiveSpec {
-        let root = self.part;
-        let kind = match self.whole.kind {
-            CollectiveKind::ReduceScatter => CollectiveKind::Reduce { root },
-            _ => CollectiveKind::Broadcast { root },
-        };
-        CollectiveSpec { kind, ..self.whole }
-    }
-
-    /// What the Start of a part says it belongs to.
-    fn part_of(&self) -> PartOf {
-        match self.whole.kind {
-            CollectiveKind::ReduceScatter => PartOf::ReduceScatter,
-            _ => PartOf::AllGather,
-        }
+        CollectiveSpec { kind: CollectiveKind::Reduce { root: self.part }, ..self.whole }
     }
 
     /// Byte offset of the part's block in the send buffer.
-    fn send_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
-        match (self.whole.kind, bufs) {
-            // AllGather's out-of-place source is the rank's one block.
-            (CollectiveKind::AllGather, OpBuffers::Separate { .. }) => 0,
-            _ => u64::from(self.part) * self.block_bytes,
-        }
+    fn send_offset(&self) -> u64 {
+        u64::from(self.part) * self.block_bytes
     }
 
     /// Byte offset of the part's block in the receive buffer.
     fn recv_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
-        match (self.whole.kind, bufs) {
-            // ReduceScatter's out-of-place result is the rank's one block.
-            (CollectiveKind::ReduceScatter, OpBuffers::Separate { .. }) => 0,
+        match bufs {
+            // The out-of-place result is the rank's one block.
+            OpBuffers::Separate { .. } => 0,
             _ => u64::from(self.part) * self.block_bytes,
+        }
+    }
+}
+
+/// Where an AllGather stands on this rank. Its blocks are interleaved on the stream
+/// (`coll::gather_position`): this rank sends its block's chunks at positions
+/// `k * world + rank` and receives every other position, in stream order.
+#[derive(Debug, Clone, Copy)]
+struct Gather {
+    world: u16,
+    rank: u16,
+    /// Bytes of one block.
+    block_bytes: u64,
+    /// Chunks of one block.
+    per_block: u64,
+    /// Chunks of other ranks' blocks received.
+    received: u64,
+}
+
+impl Gather {
+    fn positions(&self) -> u64 {
+        self.per_block * u64::from(self.world)
+    }
+
+    fn foreign_chunks(&self) -> u64 {
+        self.per_block * u64::from(self.world - 1)
+    }
+
+    /// Block (its rank) and chunk of the `i`-th chunk from other ranks.
+    fn foreign(&self, i: u64) -> (u16, u64) {
+        let others = u64::from(self.world - 1);
+        let j = (i % others) as u16;
+        (j + u16::from(j >= self.rank), i / others)
+    }
+
+    /// The positions before the first that is neither this rank's and sent (`sent` of
+    /// its chunks are) nor another's and received.
+    fn completed(&self, sent: u64) -> u64 {
+        let world = u64::from(self.world);
+        let own =
+            if sent < self.per_block { sent * world + u64::from(self.rank) } else { u64::MAX };
+        let other = if self.received < self.foreign_chunks() {
+            let (rank, k) = self.foreign(self.received);
+            k * world + u64::from(rank)
+        } else {
+            u64::MAX
+        };
+        own.min(other).min(self.positions())
+    }
+
+    /// Byte offset of this rank's block in the send buffer.
+    fn send_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
+        match bufs {
+            // The out-of-place source is the rank's one block.
+            OpBuffers::InPlace(_) => u64::from(self.rank) * self.block_bytes,
+            _ => 0,
         }
     }
 }
@@ -328,17 +402,19 @@ impl HostCollective {
         if !self.has_room() {
             return Err(HostError::Busy { seq: self.seq() });
         }
-        let (first, blocks, parts) = if spec.kind.is_blockwise() {
-            let block_bytes = spec
-                .count
-                .checked_mul(spec.dtype.size() as u64)
-                .ok_or_else(|| HostError::InvalidSpec(format!("count {} overflows", spec.count)))?;
-            if block_bytes.checked_mul(u64::from(self.cfg.world_size)).is_none() {
-                return Err(HostError::InvalidSpec(format!(
-                    "{} blocks of {block_bytes} bytes overflow",
-                    self.cfg.world_size
-                )));
-            }
+        let block_bytes = spec
+            .count
+            .checked_mul(spec.dtype.size() as u64)
+            .ok_or_else(|| HostError::InvalidSpec(format!("count {} overflows", spec.count)))?;
+        if spec.kind.is_blockwise()
+            && block_bytes.checked_mul(u64::from(self.cfg.world_size)).is_none()
+        {
+            return Err(HostError::InvalidSpec(format!(
+                "{} blocks of {block_bytes} bytes overflow",
+                self.cfg.world_size
+            )));
+        }
+        let (first, blocks, parts) = if spec.kind == CollectiveKind::ReduceScatter {
             let blocks = Blocks { whole: spec, part: 0, block_bytes };
             (blocks.part_spec(), Some(blocks), self.cfg.world_size)
         } else {
@@ -372,8 +448,9 @@ impl HostCollective {
             }
             CollectiveKind::Reduce { root } => (Primitive::Reduce, root),
             CollectiveKind::Broadcast { root } => (Primitive::Broadcast, root),
-            CollectiveKind::ReduceScatter | CollectiveKind::AllGather => {
-                unreachable!("blockwise collectives go on the wire part by part")
+            CollectiveKind::AllGather => (Primitive::AllGather, IncImm::ALL_RANKS),
+            CollectiveKind::ReduceScatter => {
+                unreachable!("a ReduceScatter goes on the wire part by part")
             }
         };
         if root != IncImm::ALL_RANKS && root >= self.cfg.world_size {
@@ -397,11 +474,18 @@ impl HostCollective {
         let bytes = count
             .checked_mul(elem)
             .ok_or_else(|| HostError::InvalidSpec(format!("count {count} overflows")))?;
-        let chunks = coll::chunk_count(count, elem as usize, self.cfg.mtu);
+        let world = self.cfg.world_size;
+        let chunks = match spec.kind {
+            CollectiveKind::AllGather => {
+                coll::gather_chunks(count, elem as usize, self.cfg.mtu, world)
+            }
+            _ => coll::chunk_count(count, elem as usize, self.cfg.mtu),
+        };
         let me = self.cfg.rank;
         let (sends_data, gets_data) = match spec.kind {
             CollectiveKind::Reduce { root } => (true, root == me),
             CollectiveKind::Broadcast { root } => (root == me, root != me),
+            CollectiveKind::AllGather => (true, world > 1),
             _ => (true, true),
         };
         let op = CollOp { primitive, operator, datatype: spec.dtype, root };
@@ -450,8 +534,18 @@ impl HostCollective {
                     None
                 }
             };
-            let waits_for_head =
-                matches!(spec.kind, CollectiveKind::Broadcast { root } if root == self.cfg.rank);
+            let waits_for_head = match spec.kind {
+                CollectiveKind::Broadcast { root } => root == self.cfg.rank,
+                CollectiveKind::AllGather => true,
+                _ => false,
+            };
+            let gather = (spec.kind == CollectiveKind::AllGather).then(|| Gather {
+                world: self.cfg.world_size,
+                rank: self.cfg.rank,
+                block_bytes: wire.bytes,
+                per_block: wire.chunks / u64::from(self.cfg.world_size),
+                received: 0,
+            });
             self.active.push_back(Active {
                 call: id,
                 spec: CollectiveSpec { count: wire.count, ..spec },
@@ -461,6 +555,7 @@ impl HostCollective {
                 chunks: wire.chunks,
                 bytes: wire.bytes,
                 blocks,
+                gather,
                 start_sent: false,
                 sends_data: wire.sends_data,
                 gets_data: wire.gets_data,
@@ -490,8 +585,8 @@ impl HostCollective {
                 // A Start may carry the collective's one chunk: window it like one.
                 return (!a.sends_data || a.start_pos < limit).then_some(i);
             }
-            if a.sends_data && a.next_send < a.chunks {
-                return (a.start_pos + a.next_send < limit).then_some(i);
+            if a.sends_data && a.next_send < a.to_send() {
+                return (a.start_pos + a.send_position(a.next_send) < limit).then_some(i);
             }
         }
         None
@@ -520,7 +615,7 @@ impl HostCollective {
                 start_pos: a.start_pos,
                 chunks: a.chunks,
                 rank: self.cfg.rank,
-                part_of: a.blocks.map_or(PartOf::Whole, |b| b.part_of()),
+                part_of: if a.blocks.is_some() { PartOf::ReduceScatter } else { PartOf::Whole },
             };
             a.start_sent = true;
             let (call, doomed) = (a.call, a.doomed.take());
@@ -531,8 +626,7 @@ impl HostCollective {
             let with_data = a.sends_data
                 && a.chunks == 1
                 && coll::HEADER_LEN as u64 + a.bytes <= self.cfg.mtu as u64
-                && send_source(bufs).len() as u64
-                    >= a.blocks.map_or(0, |b| b.send_offset(bufs)) + a.bytes;
+                && send_source(bufs).len() as u64 >= a.send_offset(bufs) + a.bytes;
             let sent = if with_data {
                 let imm = msg.emit_start_with_data(&a.op, out);
                 self.write_chunk(i, bufs, &mut out[coll::HEADER_LEN..])
@@ -543,10 +637,18 @@ impl HostCollective {
             };
             if let Some(e) = doomed {
                 self.fail_call(call, e);
+            } else if self.active[i].gather.is_some() {
+                // An AllGather of one rank and one chunk completes by sending it.
+                self.check_done(i);
             }
             return sent;
         }
-        self.write_chunk(i, bufs, out).map(|len| OutMessage { imm: None, len })
+        let sent = self.write_chunk(i, bufs, out).map(|len| OutMessage { imm: None, len });
+        // An AllGather rank whose block comes last completes by sending it.
+        if self.active.get(i).is_some_and(|a| a.gather.is_some()) {
+            self.check_done(i);
+        }
+        sent
     }
 
     /// Writes the next data chunk of collective `i`, in network byte order, to the
@@ -557,7 +659,7 @@ impl HostCollective {
         let (off, len) = coll::chunk_range(a.next_send, a.bytes, self.cfg.mtu);
         if len > 0 {
             let src = send_source(bufs);
-            let base = a.blocks.map_or(0, |b| b.send_offset(bufs));
+            let base = a.send_offset(bufs);
             let off = base + off;
             let Some(chunk) = usize::try_from(off).ok().and_then(|o| src.get(o..o + len)) else {
                 let need = base + a.bytes;
@@ -569,6 +671,9 @@ impl HostCollective {
             reduce::to_network(a.spec.dtype, chunk, &mut out[..len]);
         }
         a.next_send += 1;
+        if let Some(g) = a.gather {
+            a.completed = g.completed(a.next_send);
+        }
         self.counters.tx_chunks += 1;
         Some(len)
     }
@@ -643,18 +748,23 @@ impl HostCollective {
     ) -> Delivery {
         // Data for this rank arrives in stream order (see `Active::waits_for_head`):
         // it belongs to the oldest collective still expecting some.
-        let Some(i) = self.active.iter().position(|a| a.gets_data && a.completed < a.chunks) else {
+        let Some(i) = self.active.iter().position(Active::expects_data) else {
             // Nothing running expects data: it belongs to a collective not started yet.
             self.counters.not_ready += 1;
             return Delivery::NotReady;
         };
         let call_index = self.call_index(self.active[i].call);
         let a = &mut self.active[i];
-        let (off, len) = coll::chunk_range(a.completed, a.bytes, self.cfg.mtu);
+        // Which chunk of which block: a result is the next chunk of the vector, an
+        // AllGather's the next position of another rank's block.
+        let (block, chunk) = match a.gather {
+            Some(g) => g.foreign(g.received),
+            None => (0, a.completed),
+        };
+        let (off, len) = coll::chunk_range(chunk, a.bytes, self.cfg.mtu);
         if payload.len() != len {
             let e = HostError::Protocol(format!(
-                "chunk {} of collective {} has {} bytes, expected {len}",
-                a.completed,
+                "chunk {chunk} (block {block}) of collective {} has {} bytes, expected {len}",
                 a.seq,
                 payload.len()
             ));
@@ -665,7 +775,11 @@ impl HostCollective {
         if len > 0 {
             let mut none = OpBuffers::None;
             let bufs = bufs.call_mut(call_index).unwrap_or(&mut none);
-            let base = a.blocks.map_or(0, |b| b.recv_offset(bufs));
+            let base = match (a.blocks, a.gather) {
+                (Some(b), _) => b.recv_offset(bufs),
+                (_, Some(g)) => u64::from(block) * g.block_bytes,
+                _ => 0,
+            };
             let off = base + off;
             let dst: &mut [u8] = match bufs {
                 OpBuffers::Separate { dst, .. } | OpBuffers::RecvOnly(dst) => dst,
@@ -674,14 +788,20 @@ impl HostCollective {
             };
             let have = dst.len() as u64;
             let Some(out) = usize::try_from(off).ok().and_then(|o| dst.get_mut(o..o + len)) else {
-                let need = base + a.bytes;
+                let need = a.gather.map_or(base + a.bytes, |g| u64::from(g.world) * g.block_bytes);
                 let call = a.call;
                 self.fail_call(call, HostError::Buffer { what: "receive buffer", need, have });
                 return Delivery::Accepted;
             };
             reduce::from_network(a.spec.dtype, payload, out);
         }
-        a.completed += 1;
+        match &mut a.gather {
+            Some(g) => {
+                g.received += 1;
+                a.completed = g.completed(a.next_send);
+            }
+            None => a.completed += 1,
+        }
         self.counters.rx_chunks += 1;
         let awaited = a.completed == a.chunks
             && matches!(
@@ -699,7 +819,9 @@ impl HostCollective {
     /// Finishes collective `i` if everything of it happened.
     fn check_done(&mut self, i: usize) {
         let a = &self.active[i];
-        if !(a.start_sent && a.completed >= a.chunks && (!a.sends_data || a.next_send >= a.chunks))
+        if !(a.start_sent
+            && a.completed >= a.chunks
+            && (!a.sends_data || a.next_send >= a.to_send()))
         {
             return;
         }

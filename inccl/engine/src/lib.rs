@@ -139,7 +139,7 @@ pub enum CollectiveKind {
 }
 
 impl CollectiveKind {
-    /// Whether this collective runs as one rooted part per rank (`ReduceScatter`,
+    /// Whether `count` is the elements of one of `world_size` blocks (`ReduceScatter`,
     /// `AllGather`).
     pub fn is_blockwise(&self) -> bool {
         matches!(self, CollectiveKind::ReduceScatter | CollectiveKind::AllGather)

@@ -210,11 +210,15 @@ pub struct CommCounters {
     /// Of those, chunks whose last contribution was combined straight into the frame
     /// that carries the result on (no combine into the slot and copy out).
     pub chunks_combined_into_frame: u64,
-    /// Of those, chunks of a single contributor (a Broadcast's or an AllGather block's
-    /// owner) sent on straight from the frame they arrived in: no slot, no hash.
+    /// Of those, chunks of a single contributor (a Broadcast's owner, an AllGather
+    /// position every destination was owed next) sent on straight from the frame they
+    /// arrived in: no slot, no hash.
     pub chunks_passed_through: u64,
     /// Chunks received from the parent and sent down.
     pub chunks_down: u64,
+    /// AllGather chunks that arrived before an earlier position and waited in a slot
+    /// for their turn (positions leave in stream order).
+    pub gather_chunks_held: u64,
     /// Progress messages sent.
     pub progress_sent: u64,
     /// Error messages sent.
@@ -343,6 +347,26 @@ impl SwitchEngine {
                     rules.connections.len()
                 )));
             }
+        }
+        // Every rank is reached through exactly one connection (AllGather routes each
+        // block by its rank).
+        let mut reached = vec![false; usize::from(rules.world_size)];
+        for (i, c) in rules.connections.iter().enumerate() {
+            for (k, &rank) in c.ranks.iter().enumerate() {
+                let sorted = k == 0 || c.ranks[k - 1] < rank;
+                match reached.get_mut(usize::from(rank)) {
+                    Some(seen) if !*seen && sorted => *seen = true,
+                    _ => {
+                        return Err(invalid(format!(
+                            "connection {i}: rank {rank} is outside world size {}, repeated or out of order",
+                            rules.world_size
+                        )))
+                    }
+                }
+            }
+        }
+        if let Some(rank) = reached.iter().position(|seen| !seen) {
+            return Err(invalid(format!("rank {rank} is reached through no connection")));
         }
         if rules.fan_in() > comm::MAX_FAN_IN {
             return Err(invalid(format!("fan-in {} exceeds {}", rules.fan_in(), comm::MAX_FAN_IN)));

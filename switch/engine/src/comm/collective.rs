@@ -31,7 +31,13 @@ impl StartClaim {
     /// Why the claim cannot be true on its own, if it cannot.
     pub(crate) fn inconsistency(&self, mtu: usize, world_size: u16) -> Option<String> {
         let s = self;
-        if s.chunks != coll::chunk_count(s.count, s.op.datatype.size(), mtu) {
+        let chunks = match s.op.primitive {
+            Primitive::AllGather => {
+                coll::gather_chunks(s.count, s.op.datatype.size(), mtu, world_size)
+            }
+            _ => coll::chunk_count(s.count, s.op.datatype.size(), mtu),
+        };
+        if s.chunks != chunks {
             Some(format!("rank {} announced {} chunks for {} elements", s.rank, s.chunks, s.count))
         } else if s.op.rooted() && s.op.root >= world_size {
             Some(format!(
@@ -82,9 +88,28 @@ impl StartClaim {
 pub(crate) struct ExpectedData {
     pub(crate) seq: u32,
     pub(crate) start_pos: u64,
+    /// Bytes of the vector (an AllGather: of one block).
     pub(crate) bytes: u64,
     pub(crate) next_chunk: u64,
     pub(crate) chunks: u64,
+    /// An AllGather's: the chunks are those of the blocks of the ranks behind the
+    /// connection, interleaved (`coll::gather_position`) among `world` blocks.
+    pub(crate) gather_world: Option<u16>,
+}
+
+impl ExpectedData {
+    /// Stream position and payload length of the next chunk, given the ranks behind
+    /// the connection it comes from.
+    pub(crate) fn next(&self, ranks: &[u16], mtu: usize) -> (u64, usize) {
+        let (rel, chunk) = match self.gather_world {
+            Some(world) => {
+                let rel = coll::gather_position(self.next_chunk, ranks, world);
+                (rel, coll::gather_chunk_at(rel, world).1)
+            }
+            None => (self.next_chunk, self.next_chunk),
+        };
+        (self.start_pos.wrapping_add(rel), coll::chunk_range(chunk, self.bytes, mtu).1)
+    }
 }
 
 #[derive(Debug)]
@@ -106,6 +131,13 @@ pub(crate) struct Collective {
     pub(crate) chunks_aggregated: u64,
     /// Chunks received from the parent and sent down.
     pub(crate) chunks_from_parent: u64,
+    /// An AllGather's positions received ...
+    pub(crate) gather_arrived: u64,
+    /// ... the next position each connection (rules index) is owed (empty until ready)
+    /// ...
+    pub(crate) gather_next_to: Vec<u64>,
+    /// ... and the positions every destination has (their slots are free).
+    pub(crate) gather_free: u64,
     /// Per child ordinal: the completion count it should be told ...
     pub(crate) progress_due: Vec<u64>,
     /// ... and the count it was last told.
@@ -135,6 +167,9 @@ impl Collective {
             roles: Roles::default(),
             chunks_aggregated: 0,
             chunks_from_parent: 0,
+            gather_arrived: 0,
+            gather_next_to: Vec::new(),
+            gather_free: 0,
             progress_due: vec![0; children],
             progress_told: vec![0; children],
             delivered: 0,
@@ -160,6 +195,27 @@ impl Collective {
 
     pub(crate) fn chunks(&self) -> u64 {
         self.claim.map_or(0, |c| c.chunks)
+    }
+
+    pub(crate) fn is_gather(&self) -> bool {
+        self.claim.is_some_and(|c| c.op.primitive == Primitive::AllGather)
+    }
+
+    /// Everything this switch sends for it has been sent (or it failed): a later
+    /// collective's unaggregated data may follow without overtaking its results.
+    pub(crate) fn sent_everything(&self) -> bool {
+        if self.failed {
+            return true;
+        }
+        if !self.ready {
+            return false;
+        }
+        if self.is_gather() {
+            return self.gather_arrived >= self.chunks() && self.gather_free >= self.chunks();
+        }
+        let aggregated_total = if self.roles.contributors.is_empty() { 0 } else { self.chunks() };
+        self.chunks_aggregated >= aggregated_total
+            && self.chunks_from_parent >= self.roles.chunks_from_parent
     }
 
     /// Recomputes `delivered` from the confirmations and queues it for the children told
@@ -198,10 +254,8 @@ impl Collective {
         }
         let roles = &self.roles;
         let chunks = self.chunks();
-        let aggregated_total = if roles.contributors.is_empty() { 0 } else { chunks };
         let told = roles.tell_delivery | roles.forward_parent_progress;
-        self.chunks_aggregated >= aggregated_total
-            && self.chunks_from_parent >= roles.chunks_from_parent
+        self.sent_everything()
             && told.iter().all(|child| self.progress_told[child] >= chunks)
             && (!roles.delivery_to_parent || self.delivery_told_parent >= chunks)
     }

@@ -134,9 +134,18 @@ impl Comm {
         }
         self.collectives[coll_idx].started.insert(child);
         // The data this child will send, by its own account: parseable even on mismatch.
-        let sends = match claim.op.primitive {
-            Primitive::Broadcast => self.conns[conn].ranks.binary_search(&claim.op.root).is_ok(),
-            _ => true,
+        let world = self.rules.world_size;
+        let (sends, chunks, gather_world) = match claim.op.primitive {
+            Primitive::Broadcast => {
+                let root_here = self.conns[conn].ranks.binary_search(&claim.op.root).is_ok();
+                (root_here, claim.chunks, None)
+            }
+            // The blocks of the ranks behind the child.
+            Primitive::AllGather => {
+                let per_block = claim.chunks / u64::from(world.max(1));
+                (true, per_block * self.conns[conn].ranks.len() as u64, Some(world))
+            }
+            _ => (true, claim.chunks, None),
         };
         if sends {
             self.conns[conn].expected.push_back(ExpectedData {
@@ -144,7 +153,8 @@ impl Comm {
                 start_pos: claim.start_pos,
                 bytes: claim.bytes(),
                 next_chunk: 0,
-                chunks: claim.chunks,
+                chunks,
+                gather_world,
             });
         }
         if self.collectives[coll_idx].failed {
@@ -204,7 +214,8 @@ impl Comm {
         };
         let view = View {
             has_parent: self.parent.is_some(),
-            parent_has_ranks: self.parent.is_some_and(|p| !self.conns[p].ranks.is_empty()),
+            ranks_beyond_parent: self.parent.map_or(0, |p| self.conns[p].ranks.len() as u16),
+            world: self.rules.world_size,
             children: self.all_children,
             root_child: root_conn.map(|c| self.conns[c].child_ordinal.expect("child")),
             root_child_is_host: root_conn.is_some_and(|c| self.conns[c].is_host()),
@@ -222,6 +233,9 @@ impl Comm {
         let coll = &mut self.collectives[coll_idx];
         coll.roles = roles;
         coll.ready = true;
+        if claim.op.primitive == Primitive::AllGather {
+            self.init_gather_cursors(coll_idx);
+        }
         if let Some(parent) = self.parent {
             let msg = CtrlMsg::Start {
                 seq,
@@ -233,18 +247,23 @@ impl Comm {
             };
             self.send_control(parent, &claim.op, msg);
             if roles.chunks_from_parent > 0 {
+                let gather = claim.op.primitive == Primitive::AllGather;
                 self.conns[parent].expected.push_back(ExpectedData {
                     seq,
                     start_pos: claim.start_pos,
                     bytes: claim.bytes(),
                     next_chunk: 0,
                     chunks: roles.chunks_from_parent,
+                    gather_world: gather.then_some(self.rules.world_size),
                 });
             }
         }
-        for slot in self.slots.filled_early(seq, roles.contributors) {
-            self.slots.mark_complete(slot);
-            self.completed_slots.push_back(slot);
+        // An AllGather's early positions wait in their slots for their turn (below).
+        if claim.op.primitive != Primitive::AllGather {
+            for slot in self.slots.filled_early(seq, roles.contributors) {
+                self.slots.mark_complete(slot);
+                self.completed_slots.push_back(slot);
+            }
         }
         self.send_completed();
         self.flush_all_progress();

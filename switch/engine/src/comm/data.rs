@@ -3,11 +3,11 @@
 
 use std::collections::VecDeque;
 
-use inc_protocol::coll::{self, CollOp};
+use inc_protocol::coll::CollOp;
 use inc_protocol::frame;
 use inc_wire::icrc::PayloadCrc;
 
-use super::collective::{Collective, ExpectedData};
+use super::collective::Collective;
 use super::failure::Verdict;
 use super::mask::ChildMask;
 use super::roles::Roles;
@@ -36,7 +36,7 @@ impl Comm {
             self.next_chunk(conn);
             return Disposition::Accept;
         };
-        let (_, len) = coll::chunk_range(expected.next_chunk, expected.bytes, self.mtu);
+        let (pos, len) = expected.next(&self.conns[conn].ranks, self.mtu);
         if payload.len() != len {
             self.counters.protocol_errors += 1;
             self.next_chunk(conn);
@@ -52,15 +52,17 @@ impl Comm {
             self.fail_collective(expected.seq, Verdict::protocol(rank), events);
             return Disposition::Accept;
         }
-        if Some(conn) == self.parent {
+        if self.collectives[coll_idx].is_gather() {
+            self.on_gather_data(conn, coll_idx, pos, payload, crc_source)
+        } else if Some(conn) == self.parent {
             self.on_parent_data(conn, coll_idx, payload, crc_source)
         } else {
-            self.on_child_data(conn, coll_idx, expected, payload, crc_source)
+            self.on_child_data(conn, coll_idx, pos, payload, crc_source)
         }
     }
 
     /// The chunk at the head of `conn`'s expectation was consumed.
-    fn next_chunk(&mut self, conn: usize) {
+    pub(super) fn next_chunk(&mut self, conn: usize) {
         let expected = &mut self.conns[conn].expected;
         if let Some(e) = expected.front_mut() {
             e.next_chunk += 1;
@@ -74,13 +76,13 @@ impl Comm {
         &mut self,
         conn: usize,
         coll_idx: usize,
-        expected: ExpectedData,
+        pos: u64,
         payload: &[u8],
         crc_source: Option<FrameCrc<'_>>,
     ) -> Disposition {
         let child = self.conns[conn].child_ordinal.expect("data from a child");
-        let pos = expected.start_pos.wrapping_add(expected.next_chunk);
         let coll = &self.collectives[coll_idx];
+        let seq = coll.seq;
         let op = coll.claim.expect("data follows the child's Start").op;
         if self.passes_through(coll_idx, child) {
             self.send_result_through(coll_idx, payload, crc_source);
@@ -89,7 +91,7 @@ impl Comm {
             self.chunk_done(coll_idx);
             return Disposition::Accept;
         }
-        if let Some(slot) = self.completes_now(coll_idx, expected.seq, pos, child) {
+        if let Some(slot) = self.completes_now(coll_idx, seq, pos, child) {
             if self.send_result_direct(coll_idx, slot, &op, payload) {
                 self.counters.chunks_combined_into_frame += 1;
                 self.next_chunk(conn);
@@ -97,7 +99,7 @@ impl Comm {
                 return Disposition::Accept;
             }
         }
-        let (slot, arrived) = match self.slots.contribute(expected.seq, pos, child, &op, payload) {
+        let (slot, arrived) = match self.slots.contribute(seq, pos, child, &op, payload) {
             Contribution::Stored { slot, arrived } => (slot, arrived),
             Contribution::SlotBusy => {
                 self.counters.slot_conflicts += 1;
@@ -154,13 +156,15 @@ impl Comm {
         self.next_chunk(conn);
         self.flush_progress(coll_idx, false);
         self.maybe_retire(seq);
+        // The last of it lets an AllGather behind it go on.
+        self.send_gathered();
         Disposition::Accept
     }
 
     /// Whether `child`'s chunk is the whole result and can go out at once without a
-    /// slot: `child` is the only contributor (a Broadcast's or an AllGather block's
-    /// owner, a switch with one contributing branch), the collective is ready, no
-    /// completed chunk waits before it and every destination has room.
+    /// slot: `child` is the only contributor (a Broadcast's owner, a switch with one
+    /// contributing branch), the collective is ready, no completed chunk waits before
+    /// it and every destination has room.
     fn passes_through(&self, coll_idx: usize, child: usize) -> bool {
         let coll = &self.collectives[coll_idx];
         coll.ready
@@ -290,6 +294,7 @@ impl Comm {
         self.update_delivered(coll_idx);
         self.flush_progress(coll_idx, false);
         self.maybe_retire(seq);
+        self.send_gathered();
     }
 
     /// Sends completed chunks on, in completion order, while the send queues have room.
@@ -315,6 +320,7 @@ impl Comm {
             self.completed_slots.pop_front();
             self.result_sent(coll_idx, slot);
         }
+        self.send_gathered();
     }
 }
 

@@ -122,6 +122,8 @@ impl Comm {
             }
         }
         self.maybe_retire(seq);
+        // An AllGather behind it need not wait for it any more.
+        self.send_gathered();
     }
 }
 

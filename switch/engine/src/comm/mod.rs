@@ -7,6 +7,7 @@
 //! - `control`: Start, Progress and Error messages.
 //! - `data`: data chunks from children and parent, and sending completed chunks on.
 //! - `delivery`: delivery confirmations and the Progress messages they cause.
+//! - `gather`: AllGather positions, each on to every other neighbour in stream order.
 //! - `failure`: failed connections and failed collectives.
 
 mod collective;
@@ -14,6 +15,7 @@ mod control;
 mod data;
 mod delivery;
 mod failure;
+mod gather;
 pub(crate) mod mask;
 mod roles;
 mod slots;
@@ -136,7 +138,11 @@ pub(crate) struct Comm {
     all_children: ChildMask,
     /// Names this switch in the Start it sends up.
     lowest_rank_below: u16,
+    /// Per rank: the connection it is reached through.
+    rank_conn: Vec<usize>,
     slots: SlotPool,
+    /// Per slot: the CRC of an AllGather chunk held there, read off its frame.
+    held_crc: Vec<Option<PayloadCrc>>,
     collectives: VecDeque<Collective>,
     retired: VecDeque<u32>,
     /// Complete slots, in completion order, waiting for send-queue room.
@@ -191,6 +197,12 @@ impl Comm {
             .flat_map(|&c| rules.connections[c].ranks.iter().copied())
             .min()
             .unwrap_or(NO_RANK);
+        let mut rank_conn = vec![0; usize::from(rules.world_size)];
+        for (i, c) in rules.connections.iter().enumerate() {
+            for &rank in &c.ranks {
+                rank_conn[usize::from(rank)] = i;
+            }
+        }
         let progress_every =
             u64::from(cfg.progress_every.unwrap_or((rules.window / 4).max(1)).max(1));
         let slot_count = rules.slots as usize;
@@ -202,8 +214,10 @@ impl Comm {
             parent: rules.parent,
             all_children: ChildMask::first(child_conn.len()),
             slots: SlotPool::new(slot_count, mtu, child_conn.len(), cfg.deterministic_float),
+            held_crc: vec![None; slot_count],
             child_conn,
             lowest_rank_below,
+            rank_conn,
             collectives: VecDeque::with_capacity(MAX_COLLECTIVES),
             retired: VecDeque::with_capacity(RETIRED_MEMORY),
             completed_slots: VecDeque::with_capacity(slot_count),

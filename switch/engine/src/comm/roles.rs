@@ -37,8 +37,10 @@ pub(crate) struct Roles {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct View {
     pub(crate) has_parent: bool,
-    /// Some rank lies beyond the parent.
-    pub(crate) parent_has_ranks: bool,
+    /// Ranks beyond the parent ...
+    pub(crate) ranks_beyond_parent: u16,
+    /// ... of these in the communicator.
+    pub(crate) world: u16,
     pub(crate) children: ChildMask,
     /// For Reduce and Broadcast: the child towards the root rank, if the root is below.
     pub(crate) root_child: Option<usize>,
@@ -46,11 +48,30 @@ pub(crate) struct View {
     pub(crate) root_child_is_host: bool,
 }
 
+impl View {
+    fn parent_has_ranks(&self) -> bool {
+        self.ranks_beyond_parent > 0
+    }
+}
+
 /// The roles for a `primitive` of `chunks` chunks, or why the collective cannot run.
 pub(crate) fn assign(primitive: Primitive, chunks: u64, view: View) -> Result<Roles, &'static str> {
     let all = view.children;
     let mut roles = Roles::default();
     match primitive {
+        // Every branch sends the blocks of its ranks and receives everyone else's: a
+        // position goes to every neighbour but the one it came from, in stream order
+        // (which neighbour that is follows from the position: the data path routes it).
+        Primitive::AllGather => {
+            roles.contributors = all;
+            roles.up_to_children = all;
+            roles.up_to_parent = view.parent_has_ranks();
+            if view.parent_has_ranks() {
+                let per_block = chunks / u64::from(view.world.max(1));
+                roles.chunks_from_parent = per_block * u64::from(view.ranks_beyond_parent);
+                roles.down_to_children = all;
+            }
+        }
         Primitive::AllReduce => {
             roles.contributors = all;
             if view.has_parent {
@@ -91,13 +112,13 @@ pub(crate) fn assign(primitive: Primitive, chunks: u64, view: View) -> Result<Ro
                 let others = all & !root;
                 // A switch whose only ranks are behind the root's branch has nothing to do.
                 let root_sends =
-                    view.root_child_is_host || !others.is_empty() || view.parent_has_ranks;
+                    view.root_child_is_host || !others.is_empty() || view.parent_has_ranks();
                 if root_sends {
                     roles.contributors = root;
                     roles.up_to_children = others;
                     roles.delivery_from_children = others;
-                    roles.up_to_parent = view.parent_has_ranks;
-                    roles.delivery_from_parent = view.parent_has_ranks;
+                    roles.up_to_parent = view.parent_has_ranks();
+                    roles.delivery_from_parent = view.parent_has_ranks();
                     roles.tell_delivery = root;
                 }
             }
@@ -120,7 +141,8 @@ mod tests {
     fn view(has_parent: bool, children: usize, root_child: Option<usize>) -> View {
         View {
             has_parent,
-            parent_has_ranks: has_parent,
+            ranks_beyond_parent: if has_parent { 2 } else { 0 },
+            world: children as u16 + if has_parent { 2 } else { 0 },
             children: ChildMask::first(children),
             root_child,
             root_child_is_host: true,
@@ -184,12 +206,31 @@ mod tests {
     }
 
     #[test]
+    fn allgather_roles() {
+        // A leaf of two hosts, two ranks beyond the parent, 3 chunks per block: the
+        // parent sends the 6 chunks of the others' blocks, everything goes everywhere
+        // else.
+        let r = assign(Primitive::AllGather, 12, view(true, 2, None)).unwrap();
+        assert_eq!(r.contributors, ChildMask::first(2));
+        assert_eq!(r.up_to_children, ChildMask::first(2));
+        assert!(r.up_to_parent);
+        assert_eq!(r.chunks_from_parent, 6);
+        assert_eq!(r.down_to_children, ChildMask::first(2));
+        assert!(r.delivery_from_children.is_empty() && r.tell_delivery.is_empty());
+        // The root: between its children only.
+        let r = assign(Primitive::AllGather, 12, view(false, 4, None)).unwrap();
+        assert!(!r.up_to_parent && r.chunks_from_parent == 0);
+        assert_eq!(r.up_to_children, ChildMask::first(4));
+    }
+
+    #[test]
     fn broadcast_through_a_switch_with_nobody_else_is_idle() {
         // A lone child switch (not the host) leads to the root, and nobody else is here
         // or beyond the parent: this switch neither receives nor sends anything.
         let v = View {
             has_parent: true,
-            parent_has_ranks: false,
+            ranks_beyond_parent: 0,
+            world: 1,
             children: ChildMask::first(1),
             root_child: Some(0),
             root_child_is_host: false,

@@ -91,6 +91,11 @@ impl SlotPool {
         }
     }
 
+    /// Slots in the pool.
+    pub(crate) fn len(&self) -> usize {
+        self.meta.len()
+    }
+
     pub(crate) fn slot_of(&self, pos: u64) -> usize {
         (pos % self.meta.len() as u64) as usize
     }
