@@ -81,6 +81,12 @@ impl CollOp {
         Ok((op, kind))
     }
 
+    /// A ReduceScatter: a Reduce to every rank, block `r` to rank `r` (root
+    /// [`IncImm::ALL_RANKS`]), its blocks interleaved as an AllGather's.
+    pub fn is_scatter(&self) -> bool {
+        self.primitive == Primitive::Reduce && self.root == IncImm::ALL_RANKS
+    }
+
     /// Whether the root rank matters for this primitive.
     pub fn rooted(&self) -> bool {
         !matches!(self.primitive, Primitive::AllReduce | Primitive::AllGather)
@@ -113,8 +119,6 @@ pub mod field {
     pub const COUNT: u16 = 16;
     /// Stream start position differs (the communicator's stream is out of sync).
     pub const START: u16 = 32;
-    /// One rank runs a part of a ReduceScatter or AllGather, another something else.
-    pub const COLLECTIVE: u16 = 64;
     /// Names of the bits, for messages.
     pub fn names(mask: u16) -> String {
         let all = [
@@ -124,7 +128,6 @@ pub mod field {
             (ROOT, "root"),
             (COUNT, "count"),
             (START, "stream position"),
-            (COLLECTIVE, "collective (a ReduceScatter part against a collective of its own)"),
         ];
         let v: Vec<&str> = all.iter().filter(|(b, _)| mask & b != 0).map(|(_, n)| *n).collect();
         if v.is_empty() {
@@ -135,33 +138,13 @@ pub mod field {
     }
 }
 
-/// Whether a Start is a collective of its own or one part of a ReduceScatter (a Reduce
-/// rooted at the block's owner), so that ranks disagreeing on which they run get a
-/// Mismatch instead of running the first part together (header byte 34; 0 in headers of
-/// builds before it). An AllGather is one collective of its own primitive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
-pub enum PartOf {
-    /// A collective of its own.
-    #[default]
-    Whole = 0,
-    /// A part of a ReduceScatter.
-    ReduceScatter = 1,
-}
-
-impl PartOf {
-    fn from_code(code: u8) -> Option<PartOf> {
-        [PartOf::Whole, PartOf::ReduceScatter].into_iter().find(|p| *p as u8 == code)
-    }
-}
-
 /// A parsed control message header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CtrlMsg {
-    /// Start of collective `seq`: `count` elements, `chunks` chunks starting at stream
-    /// position `start_pos`; `rank` is the sender's rank (lowest rank of the subtree for
-    /// a switch); `part_of` what the collective is a part of.
-    Start { seq: u32, count: u64, start_pos: u64, chunks: u64, rank: u16, part_of: PartOf },
+    /// Start of collective `seq`: `count` elements (a ReduceScatter or AllGather: of
+    /// one block), `chunks` chunks starting at stream position `start_pos`; `rank` is
+    /// the sender's rank (lowest rank of the subtree for a switch).
+    Start { seq: u32, count: u64, start_pos: u64, chunks: u64, rank: u16 },
     /// Chunks `0..completed` of collective `seq` are complete.
     Progress { seq: u32, completed: u64 },
     /// Collective `seq` failed; for a mismatch `fields` tells what differs between
@@ -250,6 +233,11 @@ impl CtrlMsg {
             return Err(CtrlError::Inconsistent("kind in header differs from the immediate"));
         }
         let seq = u32_at(b, 4);
+        // Byte 34 said which part of a ReduceScatter or AllGather a Start was, in builds
+        // that ran them as one collective per block.
+        if matches!(kind, MsgKind::Start | MsgKind::StartWithData) && b[34] != 0 {
+            return Err(CtrlError::Inconsistent("a part of a blockwise collective (byte 34)"));
+        }
         let msg = match kind {
             MsgKind::Start | MsgKind::StartWithData => CtrlMsg::Start {
                 seq,
@@ -257,8 +245,6 @@ impl CtrlMsg {
                 start_pos: u64_at(b, 16),
                 chunks: u64_at(b, 24),
                 rank: u16_at(b, 32),
-                part_of: PartOf::from_code(b[34])
-                    .ok_or(CtrlError::Inconsistent("unknown part-of code"))?,
             },
             MsgKind::Progress => CtrlMsg::Progress { seq, completed: u64_at(b, 8) },
             MsgKind::Error => CtrlMsg::Error {
@@ -287,12 +273,11 @@ impl CtrlMsg {
         b[2] = self.kind() as u8;
         b[4..8].copy_from_slice(&self.seq().to_be_bytes());
         match *self {
-            CtrlMsg::Start { count, start_pos, chunks, rank, part_of, .. } => {
+            CtrlMsg::Start { count, start_pos, chunks, rank, .. } => {
                 b[8..16].copy_from_slice(&count.to_be_bytes());
                 b[16..24].copy_from_slice(&start_pos.to_be_bytes());
                 b[24..32].copy_from_slice(&chunks.to_be_bytes());
                 b[32..34].copy_from_slice(&rank.to_be_bytes());
-                b[34] = part_of as u8;
             }
             CtrlMsg::Progress { completed, .. } => {
                 b[8..16].copy_from_slice(&completed.to_be_bytes());
@@ -430,7 +415,7 @@ mod tests {
         #[test]
         fn roundtrip(seq: u32, a: u64, b: u64, c: u64, r: u16, kind in 0u8..3, code in 1u16..4, f: u16) {
             let msg = match kind {
-                0 => CtrlMsg::Start { seq, count: a, start_pos: b, chunks: c, rank: r, part_of: if code == 1 { PartOf::Whole } else { PartOf::ReduceScatter } },
+                0 => CtrlMsg::Start { seq, count: a, start_pos: b, chunks: c, rank: r },
                 1 => CtrlMsg::Progress { seq, completed: a },
                 _ => CtrlMsg::Error { seq, code: match code { 1 => ErrorCode::Mismatch, 2 => ErrorCode::ConnectionFailed, _ => ErrorCode::Protocol }, fields: f, rank_a: r, rank_b: r ^ 1 },
             };
@@ -451,14 +436,7 @@ mod tests {
     /// through `parse_with_data`; its header must say so too.
     #[test]
     fn start_with_data_carries_the_chunk() {
-        let msg = CtrlMsg::Start {
-            seq: 7,
-            count: 3,
-            start_pos: 90,
-            chunks: 1,
-            rank: 2,
-            part_of: PartOf::ReduceScatter,
-        };
+        let msg = CtrlMsg::Start { seq: 7, count: 3, start_pos: 90, chunks: 1, rank: 2 };
         let mut buf = [0u8; HEADER_LEN + 12];
         let imm = msg.emit_start_with_data(&op(), &mut buf);
         buf[HEADER_LEN..].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
@@ -475,27 +453,17 @@ mod tests {
         assert_eq!(CtrlMsg::parse_with_data(plain, &msg.to_bytes()).unwrap().2, None);
     }
 
-    /// Byte 34 says what a Start is part of; unknown codes are refused.
+    /// Byte 34 is 0: builds that ran a ReduceScatter or AllGather as one collective
+    /// per block put 1 or 2 there, and such a part is refused, not taken for a Reduce or
+    /// Broadcast of its own.
     #[test]
-    fn part_of_is_byte_34() {
-        let msg = CtrlMsg::Start {
-            seq: 1,
-            count: 2,
-            start_pos: 3,
-            chunks: 1,
-            rank: 4,
-            part_of: PartOf::ReduceScatter,
-        };
+    fn a_part_of_an_older_build_is_refused() {
+        let msg = CtrlMsg::Start { seq: 1, count: 2, start_pos: 3, chunks: 1, rank: 4 };
         let mut b = msg.to_bytes();
-        assert_eq!(b[34], 1);
+        assert_eq!(b[34], 0);
         let imm = op().imm(MsgKind::Start);
-        b[34] = 0;
-        assert!(matches!(
-            CtrlMsg::parse(imm, &b),
-            Ok((_, CtrlMsg::Start { part_of: PartOf::Whole, .. }))
-        ));
-        // 2 was an AllGather part before AllGather became one collective.
-        for code in [2, 9] {
+        assert_eq!(CtrlMsg::parse(imm, &b).unwrap().1, msg);
+        for code in [1, 2] {
             b[34] = code;
             assert!(matches!(CtrlMsg::parse(imm, &b), Err(CtrlError::Inconsistent(_))));
         }

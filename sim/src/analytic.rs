@@ -15,7 +15,9 @@
 //! `up(s)` runs from host `s` to the communicator's root switch, `down(r)` from the root
 //! to host `r`: the first chunk's store-and-forward trip up and down the tree (pipeline
 //! fill and per-hop latency; replicated data turns at the lowest common switch instead:
-//! a Broadcast takes the longest sender-to-receiver path, an AllGather the shortest),
+//! a Broadcast takes the longest sender-to-receiver path, an AllGather the shortest;
+//! a ReduceScatter's last result goes down to the last rank, so its way down is the
+//! shortest receiver's),
 //! then the rest of the vector streams through the busiest link direction `l` on those
 //! paths (`S / B`; for ReduceScatter and AllGather `S` is a block and `l` carries as
 //! many blocks as the ranks it serves, see [`Sim::analytic`]). A link direction whose reverse also
@@ -107,14 +109,21 @@ impl Sim {
         let first = p.min(s) + DATA_FRAME_OVERHEAD;
         let root = topo.switch_by_id(self.compiled().root_switch).unwrap_or(topo.root);
         let world = topo.hosts.len();
-        let fill = |path: &[usize]| -> f64 {
-            path.iter().map(|&d| ser_ns(first, &dirs[d]) + dirs[d].cfg.delay as f64).sum()
+        let fill_with = |frame: u64, path: &[usize]| -> f64 {
+            path.iter().map(|&d| ser_ns(frame, &dirs[d]) + dirs[d].cfg.delay as f64).sum()
         };
+        let fill = |path: &[usize]| fill_with(first, path);
         let reverse = |d: usize| {
             let cfg = &dirs[d].cfg;
             self.dir_index(cfg.to_node as usize, cfg.to_port as usize)
         };
         let (mut up_max, mut down_max, mut max_hops) = (0f64, 0f64, 0);
+        // A ReduceScatter's blocks are interleaved: its last result goes to the last
+        // rank, which need not be the deepest, and is a block's last chunk, which may be
+        // short. Its trip is bounded by the shortest way down and the smaller chunk.
+        let last = s - s.saturating_sub(1) / p * p + DATA_FRAME_OVERHEAD;
+        let small = first.min(last);
+        let (mut up_max_small, mut down_min_small) = (0f64, f64::INFINITY);
         let mut carries_data = vec![false; dirs.len()];
         // Senders whose path up crosses each link direction.
         let mut senders_below = vec![0u64; dirs.len()];
@@ -123,6 +132,7 @@ impl Sim {
             max_hops = max_hops.max(up.len());
             if cfg.collective.role(h as u16).0 {
                 up_max = up_max.max(fill(&up));
+                up_max_small = up_max_small.max(fill_with(small, &up));
                 for &d in &up {
                     carries_data[d] = true;
                     senders_below[d] += 1;
@@ -137,6 +147,7 @@ impl Sim {
         for h in (0..world).filter(|&h| cfg.collective.role(h as u16).1) {
             let down = self.path_down(h, root);
             down_max = down_max.max(fill(&down));
+            down_min_small = down_min_small.min(fill_with(small, &down));
             for d in down {
                 if !(replicated_on_the_way_up && carries_data[reverse(d)]) {
                     carries_data[d] = true;
@@ -187,6 +198,7 @@ impl Sim {
                 (up_max, down_max) = (receivers.map(to).fold(0.0, f64::max), 0.0);
             }
             Collective::AllGather => (up_max, down_max) = (self.shortest_turn(root, first), 0.0),
+            Collective::ReduceScatter => (up_max, down_max) = (up_max_small, down_min_small),
             _ => {}
         }
         let in_network_ns = up_max + down_max + stream;

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use inc_protocol::coll::{self, CollOp, CtrlMsg, ErrorCode, MsgKind, PartOf};
+use inc_protocol::coll::{self, CollOp, CtrlMsg, ErrorCode, MsgKind};
 use inc_wire::{reduce, IncImm, Primitive};
 
 use crate::{CollectiveKind, CollectiveSpec, HostError, OpBuffers};
@@ -118,7 +118,7 @@ impl<'a> CallBuffers<'a> for VecDeque<OpBuffers<'a>> {
 /// Stands in for the buffers of a call the caller did not pass.
 static NO_BUFFERS: OpBuffers<'static> = OpBuffers::None;
 
-/// One collective on the wire: a whole call, or one part of a blockwise one.
+/// One collective on the wire (one call).
 #[derive(Debug)]
 struct Active {
     /// The call it belongs to.
@@ -128,11 +128,10 @@ struct Active {
     seq: u32,
     start_pos: u64,
     chunks: u64,
+    /// Bytes of the vector (a ReduceScatter or AllGather: of one block).
     bytes: u64,
-    /// The part of a ReduceScatter this is.
-    blocks: Option<Blocks>,
-    /// An AllGather: its blocks interleaved on the stream.
-    gather: Option<Gather>,
+    /// A ReduceScatter or AllGather: its blocks interleaved on the stream.
+    blocks: Option<Interleaved>,
     start_sent: bool,
     sends_data: bool,
     /// Completion comes from result chunks (else from progress messages).
@@ -145,9 +144,8 @@ struct Active {
     waits_for_head: bool,
     /// Chunks sent (an AllGather: of this rank's block).
     next_send: u64,
-    /// Chunks complete end to end (results received or progress reported); an
-    /// AllGather: the positions before the first that is neither this rank's and sent
-    /// nor another's and received.
+    /// Chunks complete end to end (results received or progress reported; a
+    /// ReduceScatter or AllGather: [`Interleaved::completed`]).
     completed: u64,
     /// The network failed this collective before it started here: send the Start (so
     /// the switch's bookkeeping closes) and fail.
@@ -156,135 +154,161 @@ struct Active {
 
 impl Active {
     /// Chunks this rank sends.
-    fn to_send(&self) -> u64 {
-        self.gather.map_or(self.chunks, |g| g.per_block)
+    fn chunks_to_send(&self) -> u64 {
+        self.blocks.map_or(self.chunks, |b| b.chunks_to_send())
     }
 
     /// Position, relative to the start, of this rank's `k`-th chunk.
     fn send_position(&self, k: u64) -> u64 {
-        self.gather.map_or(k, |g| k * u64::from(g.world) + u64::from(g.rank))
-    }
-
-    /// Byte offset of what this rank sends in its send buffer.
-    fn send_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
-        match (self.blocks, self.gather) {
-            (Some(b), _) => b.send_offset(),
-            (_, Some(g)) => g.send_offset(bufs),
-            _ => 0,
-        }
+        self.blocks.map_or(k, |b| b.send_position(k))
     }
 
     /// Whether data for this rank is still to come.
     fn expects_data(&self) -> bool {
         self.gets_data
-            && match self.gather {
-                Some(g) => g.received < g.foreign_chunks(),
+            && match self.blocks {
+                Some(b) => b.received < b.chunks_to_receive(),
                 None => self.completed < self.chunks,
             }
     }
+
+    /// Bytes the send buffer must hold.
+    fn send_len(&self, bufs: &OpBuffers<'_>) -> u64 {
+        self.blocks.map_or(self.bytes, |b| b.send_len(bufs))
+    }
 }
 
-/// One call of the caller: a collective, or a `ReduceScatter` of `world_size` parts.
+/// One call of the caller.
 #[derive(Debug)]
 struct Call {
     id: u64,
     spec: CollectiveSpec,
-    /// Part 0 of a ReduceScatter.
-    blocks: Option<Blocks>,
-    parts: u16,
-    begun: u16,
-    finished: u16,
-    /// Sequence number of part 0 (once begun).
-    first_seq: u32,
+    /// On the wire (or failed before), as collective `seq`.
+    begun: bool,
+    seq: u32,
     outcome: Option<Result<(), HostError>>,
 }
 
-/// Where a part of a `ReduceScatter` stands: part `i` is a Reduce rooted at rank `i`
-/// over block `i` of the user's buffers.
+/// Where a ReduceScatter or an AllGather stands on this rank. Both put their `world`
+/// blocks on the stream interleaved (`coll::gather_position`: chunk `k` of block `b` at
+/// position `k * world + b`), so that every block flows at once. An AllGather rank
+/// sends its block's chunks and receives every other position; a ReduceScatter rank
+/// sends every position (the whole vector, which the switches sum) and receives its
+/// own block's.
 #[derive(Debug, Clone, Copy)]
-struct Blocks {
-    /// The caller's collective.
-    whole: CollectiveSpec,
-    /// The part (= its root rank).
-    part: u16,
-    /// Bytes of one block.
-    block_bytes: u64,
-}
-
-impl Blocks {
-    /// The collective part `self.part` runs.
-    fn part_spec(&self) -> CollectiveSpec {
-        CollectiveSpec { kind: CollectiveKind::Reduce { root: self.part }, ..self.whole }
-    }
-
-    /// Byte offset of the part's block in the send buffer.
-    fn send_offset(&self) -> u64 {
-        u64::from(self.part) * self.block_bytes
-    }
-
-    /// Byte offset of the part's block in the receive buffer.
-    fn recv_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
-        match bufs {
-            // The out-of-place result is the rank's one block.
-            OpBuffers::Separate { .. } => 0,
-            _ => u64::from(self.part) * self.block_bytes,
-        }
-    }
-}
-
-/// Where an AllGather stands on this rank. Its blocks are interleaved on the stream
-/// (`coll::gather_position`): this rank sends its block's chunks at positions
-/// `k * world + rank` and receives every other position, in stream order.
-#[derive(Debug, Clone, Copy)]
-struct Gather {
+struct Interleaved {
+    /// A ReduceScatter (else an AllGather).
+    scatter: bool,
     world: u16,
     rank: u16,
     /// Bytes of one block.
     block_bytes: u64,
     /// Chunks of one block.
     per_block: u64,
-    /// Chunks of other ranks' blocks received.
+    /// Chunks received.
     received: u64,
+    /// A ReduceScatter: positions the switches reported complete (Progress).
+    reported: u64,
 }
 
-impl Gather {
+impl Interleaved {
     fn positions(&self) -> u64 {
         self.per_block * u64::from(self.world)
     }
 
-    fn foreign_chunks(&self) -> u64 {
-        self.per_block * u64::from(self.world - 1)
+    fn chunks_to_send(&self) -> u64 {
+        if self.scatter {
+            self.positions()
+        } else {
+            self.per_block
+        }
     }
 
-    /// Block (its rank) and chunk of the `i`-th chunk from other ranks.
-    fn foreign(&self, i: u64) -> (u16, u64) {
+    fn chunks_to_receive(&self) -> u64 {
+        if self.scatter {
+            self.per_block
+        } else {
+            self.per_block * u64::from(self.world - 1)
+        }
+    }
+
+    /// Position of the `k`-th chunk sent.
+    fn send_position(&self, k: u64) -> u64 {
+        if self.scatter {
+            k
+        } else {
+            k * u64::from(self.world) + u64::from(self.rank)
+        }
+    }
+
+    /// Block (its rank) and chunk of the `k`-th chunk sent.
+    fn sent_chunk(&self, k: u64) -> (u16, u64) {
+        if self.scatter {
+            coll::gather_chunk_at(k, self.world)
+        } else {
+            (self.rank, k)
+        }
+    }
+
+    /// Block and chunk of the `i`-th chunk received.
+    fn received_chunk(&self, i: u64) -> (u16, u64) {
+        if self.scatter {
+            return (self.rank, i);
+        }
         let others = u64::from(self.world - 1);
         let j = (i % others) as u16;
         (j + u16::from(j >= self.rank), i / others)
     }
 
-    /// The positions before the first that is neither this rank's and sent (`sent` of
-    /// its chunks are) nor another's and received.
+    /// Whether the send buffer is the whole vector (else this rank's block).
+    fn sends_from_whole(&self, bufs: &OpBuffers<'_>) -> bool {
+        self.scatter || matches!(bufs, OpBuffers::InPlace(_))
+    }
+
+    /// Whether the receive buffer is the whole vector (else this rank's block).
+    fn receives_into_whole(&self, bufs: &OpBuffers<'_>) -> bool {
+        !self.scatter || matches!(bufs, OpBuffers::InPlace(_))
+    }
+
+    /// Byte offset of `block` in the send buffer.
+    fn send_offset(&self, block: u16, bufs: &OpBuffers<'_>) -> u64 {
+        u64::from(block) * self.block_bytes * u64::from(self.sends_from_whole(bufs))
+    }
+
+    /// Byte offset of `block` in the receive buffer.
+    fn recv_offset(&self, block: u16, bufs: &OpBuffers<'_>) -> u64 {
+        u64::from(block) * self.block_bytes * u64::from(self.receives_into_whole(bufs))
+    }
+
+    fn send_len(&self, bufs: &OpBuffers<'_>) -> u64 {
+        let blocks = if self.sends_from_whole(bufs) { u64::from(self.world) } else { 1 };
+        blocks * self.block_bytes
+    }
+
+    fn recv_len(&self, bufs: &OpBuffers<'_>) -> u64 {
+        let blocks = if self.receives_into_whole(bufs) { u64::from(self.world) } else { 1 };
+        blocks * self.block_bytes
+    }
+
+    /// Positions complete end to end. An AllGather: those before the first that is
+    /// neither this rank's and sent (`sent` of its chunks are) nor another's and
+    /// received. A ReduceScatter: what the switches reported, and at least up to this
+    /// rank's last result (results complete in stream order).
     fn completed(&self, sent: u64) -> u64 {
         let world = u64::from(self.world);
-        let own =
-            if sent < self.per_block { sent * world + u64::from(self.rank) } else { u64::MAX };
-        let other = if self.received < self.foreign_chunks() {
-            let (rank, k) = self.foreign(self.received);
-            k * world + u64::from(rank)
+        let rank = u64::from(self.rank);
+        if self.scatter {
+            let own = if self.received > 0 { (self.received - 1) * world + rank + 1 } else { 0 };
+            return own.max(self.reported).min(self.positions());
+        }
+        let own = if sent < self.per_block { sent * world + rank } else { u64::MAX };
+        let other = if self.received < self.chunks_to_receive() {
+            let (block, k) = self.received_chunk(self.received);
+            k * world + u64::from(block)
         } else {
             u64::MAX
         };
         own.min(other).min(self.positions())
-    }
-
-    /// Byte offset of this rank's block in the send buffer.
-    fn send_offset(&self, bufs: &OpBuffers<'_>) -> u64 {
-        match bufs {
-            // The out-of-place source is the rank's one block.
-            OpBuffers::InPlace(_) => u64::from(self.rank) * self.block_bytes,
-            _ => 0,
-        }
     }
 }
 
@@ -414,27 +438,10 @@ impl HostCollective {
                 self.cfg.world_size
             )));
         }
-        let (first, blocks, parts) = if spec.kind == CollectiveKind::ReduceScatter {
-            let blocks = Blocks { whole: spec, part: 0, block_bytes };
-            (blocks.part_spec(), Some(blocks), self.cfg.world_size)
-        } else {
-            (spec, None, 1)
-        };
-        // Every part differs from the first only in its root, a rank of the
-        // communicator: checking the first checks them all.
-        self.wire_plan(first)?;
+        self.wire_plan(spec)?;
         let id = self.next_call;
         self.next_call += 1;
-        self.calls.push_back(Call {
-            id,
-            spec,
-            blocks,
-            parts,
-            begun: 0,
-            finished: 0,
-            first_seq: self.seq,
-            outcome: None,
-        });
+        self.calls.push_back(Call { id, spec, begun: false, seq: self.seq, outcome: None });
         self.counters.started += 1;
         self.pump();
         Ok(())
@@ -449,9 +456,8 @@ impl HostCollective {
             CollectiveKind::Reduce { root } => (Primitive::Reduce, root),
             CollectiveKind::Broadcast { root } => (Primitive::Broadcast, root),
             CollectiveKind::AllGather => (Primitive::AllGather, IncImm::ALL_RANKS),
-            CollectiveKind::ReduceScatter => {
-                unreachable!("a ReduceScatter goes on the wire part by part")
-            }
+            // A Reduce to every rank: block r to rank r.
+            CollectiveKind::ReduceScatter => (Primitive::Reduce, IncImm::ALL_RANKS),
         };
         if root != IncImm::ALL_RANKS && root >= self.cfg.world_size {
             return Err(HostError::InvalidSpec(format!(
@@ -475,11 +481,9 @@ impl HostCollective {
             .checked_mul(elem)
             .ok_or_else(|| HostError::InvalidSpec(format!("count {count} overflows")))?;
         let world = self.cfg.world_size;
-        let chunks = match spec.kind {
-            CollectiveKind::AllGather => {
-                coll::gather_chunks(count, elem as usize, self.cfg.mtu, world)
-            }
-            _ => coll::chunk_count(count, elem as usize, self.cfg.mtu),
+        let chunks = match spec.kind.is_blockwise() {
+            true => coll::gather_chunks(count, elem as usize, self.cfg.mtu, world),
+            false => coll::chunk_count(count, elem as usize, self.cfg.mtu),
         };
         let me = self.cfg.rank;
         let (sends_data, gets_data) = match spec.kind {
@@ -492,28 +496,16 @@ impl HostCollective {
         Ok(WirePlan { op, count, bytes, chunks, sends_data, gets_data })
     }
 
-    /// Puts the next collectives on the wire, in call order and part order (the same
-    /// order on every rank), while fewer than [`MAX_IN_FLIGHT`] are.
+    /// Puts the next calls on the wire, in call order (the same order on every rank),
+    /// while fewer than [`MAX_IN_FLIGHT`] are.
     fn pump(&mut self) {
         while self.active.len() < MAX_IN_FLIGHT {
-            let Some(call) =
-                self.calls.iter_mut().find(|c| c.outcome.is_none() && c.begun < c.parts)
-            else {
+            let Some(call) = self.calls.iter_mut().find(|c| c.outcome.is_none() && !c.begun) else {
                 return;
             };
-            let part = call.begun;
-            call.begun += 1;
-            if part == 0 {
-                call.first_seq = self.seq;
-            }
-            let id = call.id;
-            let (spec, blocks) = match call.blocks {
-                Some(b) => {
-                    let b = Blocks { part, ..b };
-                    (b.part_spec(), Some(b))
-                }
-                None => (call.spec, None),
-            };
+            call.begun = true;
+            call.seq = self.seq;
+            let (id, spec) = (call.id, call.spec);
             let wire = match self.wire_plan(spec) {
                 Ok(w) => w,
                 Err(e) => {
@@ -539,12 +531,14 @@ impl HostCollective {
                 CollectiveKind::AllGather => true,
                 _ => false,
             };
-            let gather = (spec.kind == CollectiveKind::AllGather).then(|| Gather {
+            let blocks = spec.kind.is_blockwise().then(|| Interleaved {
+                scatter: spec.kind == CollectiveKind::ReduceScatter,
                 world: self.cfg.world_size,
                 rank: self.cfg.rank,
                 block_bytes: wire.bytes,
                 per_block: wire.chunks / u64::from(self.cfg.world_size),
                 received: 0,
+                reported: 0,
             });
             self.active.push_back(Active {
                 call: id,
@@ -555,7 +549,6 @@ impl HostCollective {
                 chunks: wire.chunks,
                 bytes: wire.bytes,
                 blocks,
-                gather,
                 start_sent: false,
                 sends_data: wire.sends_data,
                 gets_data: wire.gets_data,
@@ -585,7 +578,7 @@ impl HostCollective {
                 // A Start may carry the collective's one chunk: window it like one.
                 return (!a.sends_data || a.start_pos < limit).then_some(i);
             }
-            if a.sends_data && a.next_send < a.to_send() {
+            if a.sends_data && a.next_send < a.chunks_to_send() {
                 return (a.start_pos + a.send_position(a.next_send) < limit).then_some(i);
             }
         }
@@ -615,7 +608,6 @@ impl HostCollective {
                 start_pos: a.start_pos,
                 chunks: a.chunks,
                 rank: self.cfg.rank,
-                part_of: if a.blocks.is_some() { PartOf::ReduceScatter } else { PartOf::Whole },
             };
             a.start_sent = true;
             let (call, doomed) = (a.call, a.doomed.take());
@@ -626,7 +618,7 @@ impl HostCollective {
             let with_data = a.sends_data
                 && a.chunks == 1
                 && coll::HEADER_LEN as u64 + a.bytes <= self.cfg.mtu as u64
-                && send_source(bufs).len() as u64 >= a.send_offset(bufs) + a.bytes;
+                && send_source(bufs).len() as u64 >= a.send_len(bufs);
             let sent = if with_data {
                 let imm = msg.emit_start_with_data(&a.op, out);
                 self.write_chunk(i, bufs, &mut out[coll::HEADER_LEN..])
@@ -637,7 +629,7 @@ impl HostCollective {
             };
             if let Some(e) = doomed {
                 self.fail_call(call, e);
-            } else if self.active[i].gather.is_some() {
+            } else if self.active[i].blocks.is_some() {
                 // An AllGather of one rank and one chunk completes by sending it.
                 self.check_done(i);
             }
@@ -645,7 +637,7 @@ impl HostCollective {
         }
         let sent = self.write_chunk(i, bufs, out).map(|len| OutMessage { imm: None, len });
         // An AllGather rank whose block comes last completes by sending it.
-        if self.active.get(i).is_some_and(|a| a.gather.is_some()) {
+        if self.active.get(i).is_some_and(|a| a.blocks.is_some()) {
             self.check_done(i);
         }
         sent
@@ -656,13 +648,13 @@ impl HostCollective {
     /// buffer is too short).
     fn write_chunk(&mut self, i: usize, bufs: &OpBuffers<'_>, out: &mut [u8]) -> Option<usize> {
         let a = &mut self.active[i];
-        let (off, len) = coll::chunk_range(a.next_send, a.bytes, self.cfg.mtu);
+        let (block, chunk) = a.blocks.map_or((0, a.next_send), |b| b.sent_chunk(a.next_send));
+        let (off, len) = coll::chunk_range(chunk, a.bytes, self.cfg.mtu);
         if len > 0 {
             let src = send_source(bufs);
-            let base = a.send_offset(bufs);
-            let off = base + off;
+            let off = a.blocks.map_or(0, |b| b.send_offset(block, bufs)) + off;
             let Some(chunk) = usize::try_from(off).ok().and_then(|o| src.get(o..o + len)) else {
-                let need = base + a.bytes;
+                let need = a.send_len(bufs);
                 let call = a.call;
                 let e = HostError::Buffer { what: "send buffer", need, have: src.len() as u64 };
                 self.fail_call(call, e);
@@ -671,8 +663,8 @@ impl HostCollective {
             reduce::to_network(a.spec.dtype, chunk, &mut out[..len]);
         }
         a.next_send += 1;
-        if let Some(g) = a.gather {
-            a.completed = g.completed(a.next_send);
+        if let Some(b) = a.blocks {
+            a.completed = b.completed(a.next_send);
         }
         self.counters.tx_chunks += 1;
         Some(len)
@@ -710,27 +702,21 @@ impl HostCollective {
             }
         }
         let Some(i) = self.active.iter().position(|a| a.seq == msg.seq()) else {
-            // An Error for an earlier part of a running ReduceScatter or AllGather (this
-            // rank finished that part before the Error reached it) fails the whole call.
-            if let CtrlMsg::Error { seq, .. } = msg {
-                let running = self.calls.iter().find(|c| {
-                    c.outcome.is_none()
-                        && c.blocks.is_some()
-                        && seq.wrapping_sub(c.first_seq) < u32::from(c.begun)
-                });
-                if let Some(id) = running.map(|c| c.id) {
-                    self.fail_call(id, error_of(msg));
-                    return;
-                }
-            }
             self.counters.rx_unexpected += 1;
             return;
         };
         let a = &mut self.active[i];
+        let scatter = a.blocks.is_some_and(|b| b.scatter);
         match msg {
-            CtrlMsg::Progress { completed, .. } if !a.gets_data => {
+            CtrlMsg::Progress { completed, .. } if !a.gets_data || scatter => {
                 self.counters.rx_progress += 1;
-                a.completed = a.completed.max(completed.min(a.chunks));
+                match &mut a.blocks {
+                    Some(b) => {
+                        b.reported = b.reported.max(completed);
+                        a.completed = b.completed(a.next_send);
+                    }
+                    None => a.completed = a.completed.max(completed.min(a.chunks)),
+                }
                 self.check_done(i);
             }
             CtrlMsg::Error { .. } => {
@@ -755,10 +741,11 @@ impl HostCollective {
         };
         let call_index = self.call_index(self.active[i].call);
         let a = &mut self.active[i];
-        // Which chunk of which block: a result is the next chunk of the vector, an
-        // AllGather's the next position of another rank's block.
-        let (block, chunk) = match a.gather {
-            Some(g) => g.foreign(g.received),
+        // Which chunk of which block: a result is the next chunk of the vector, a
+        // ReduceScatter's the next of this rank's block, an AllGather's the next
+        // position of another rank's block.
+        let (block, chunk) = match a.blocks {
+            Some(b) => b.received_chunk(b.received),
             None => (0, a.completed),
         };
         let (off, len) = coll::chunk_range(chunk, a.bytes, self.cfg.mtu);
@@ -775,12 +762,7 @@ impl HostCollective {
         if len > 0 {
             let mut none = OpBuffers::None;
             let bufs = bufs.call_mut(call_index).unwrap_or(&mut none);
-            let base = match (a.blocks, a.gather) {
-                (Some(b), _) => b.recv_offset(bufs),
-                (_, Some(g)) => u64::from(block) * g.block_bytes,
-                _ => 0,
-            };
-            let off = base + off;
+            let off = a.blocks.map_or(0, |b| b.recv_offset(block, bufs)) + off;
             let dst: &mut [u8] = match bufs {
                 OpBuffers::Separate { dst, .. } | OpBuffers::RecvOnly(dst) => dst,
                 OpBuffers::InPlace(b) => b,
@@ -788,17 +770,17 @@ impl HostCollective {
             };
             let have = dst.len() as u64;
             let Some(out) = usize::try_from(off).ok().and_then(|o| dst.get_mut(o..o + len)) else {
-                let need = a.gather.map_or(base + a.bytes, |g| u64::from(g.world) * g.block_bytes);
+                let need = a.blocks.map_or(a.bytes, |b| b.recv_len(bufs));
                 let call = a.call;
                 self.fail_call(call, HostError::Buffer { what: "receive buffer", need, have });
                 return Delivery::Accepted;
             };
             reduce::from_network(a.spec.dtype, payload, out);
         }
-        match &mut a.gather {
-            Some(g) => {
-                g.received += 1;
-                a.completed = g.completed(a.next_send);
+        match &mut a.blocks {
+            Some(b) => {
+                b.received += 1;
+                a.completed = b.completed(a.next_send);
             }
             None => a.completed += 1,
         }
@@ -819,16 +801,18 @@ impl HostCollective {
     /// Finishes collective `i` if everything of it happened.
     fn check_done(&mut self, i: usize) {
         let a = &self.active[i];
+        // A ReduceScatter also waits for the switches' last Progress, which every rank
+        // is sent (so none arrives after its collective is gone).
         if !(a.start_sent
             && a.completed >= a.chunks
-            && (!a.sends_data || a.next_send >= a.to_send()))
+            && (!a.sends_data || a.next_send >= a.chunks_to_send())
+            && a.blocks.is_none_or(|b| !b.scatter || b.reported >= b.positions()))
         {
             return;
         }
         let Some(a) = self.active.remove(i) else { return };
         if let Some(call) = self.calls.iter_mut().find(|c| c.id == a.call) {
-            call.finished += 1;
-            if call.finished == call.parts && call.outcome.is_none() {
+            if call.outcome.is_none() {
                 call.outcome = Some(Ok(()));
                 self.counters.completed += 1;
             }
@@ -836,17 +820,13 @@ impl HostCollective {
         self.pump();
     }
 
-    /// Fails call `id`: its collectives leave the wire (the stream keeps their
-    /// positions), its parts not begun never will be.
+    /// Fails call `id`: its collective leaves the wire (the stream keeps its positions)
+    /// or never goes on it.
     fn fail_call(&mut self, id: u64, e: HostError) {
         self.active.retain(|a| a.call != id);
         if let Some(call) = self.calls.iter_mut().find(|c| c.id == id) {
             if call.outcome.is_none() {
-                tracing::warn!(
-                    rank = self.cfg.rank,
-                    seq = call.first_seq,
-                    "collective failed: {e}"
-                );
+                tracing::warn!(rank = self.cfg.rank, seq = call.seq, "collective failed: {e}");
                 call.outcome = Some(Err(e));
                 self.counters.failed += 1;
             }
@@ -918,17 +898,7 @@ mod tests {
         let m = c.poll_send(&bufs, &mut out).unwrap();
         assert_eq!(m.len, coll::HEADER_LEN);
         let (_, start) = CtrlMsg::parse(m.imm.unwrap(), &out).unwrap();
-        assert_eq!(
-            start,
-            CtrlMsg::Start {
-                seq: 0,
-                count,
-                start_pos: 0,
-                chunks: 3,
-                rank: 0,
-                part_of: PartOf::Whole
-            }
-        );
+        assert_eq!(start, CtrlMsg::Start { seq: 0, count, start_pos: 0, chunks: 3, rank: 0 });
         let mut chunks = Vec::new();
         while let Some(m) = c.poll_send(&bufs, &mut out) {
             chunks.push(out[..m.len].to_vec());
@@ -950,17 +920,7 @@ mod tests {
         let m = c.poll_send(&OpBuffers::None, &mut out).unwrap();
         assert_eq!(m.len, coll::HEADER_LEN);
         let (_, start, data) = CtrlMsg::parse_with_data(m.imm.unwrap(), &out[..m.len]).unwrap();
-        assert_eq!(
-            start,
-            CtrlMsg::Start {
-                seq: 1,
-                count: 0,
-                start_pos: 3,
-                chunks: 1,
-                rank: 0,
-                part_of: PartOf::Whole
-            }
-        );
+        assert_eq!(start, CtrlMsg::Start { seq: 1, count: 0, start_pos: 3, chunks: 1, rank: 0 });
         assert_eq!(data, Some(&[][..]));
         assert_eq!(c.poll_send(&OpBuffers::None, &mut out), None);
     }
@@ -981,17 +941,7 @@ mod tests {
             let mut out = vec![0u8; mtu];
             let m = c.poll_send(&bufs, &mut out).unwrap();
             let (_, start, data) = CtrlMsg::parse_with_data(m.imm.unwrap(), &out[..m.len]).unwrap();
-            assert_eq!(
-                start,
-                CtrlMsg::Start {
-                    seq: 0,
-                    count,
-                    start_pos: 0,
-                    chunks: 1,
-                    rank: 1,
-                    part_of: PartOf::Whole
-                }
-            );
+            assert_eq!(start, CtrlMsg::Start { seq: 0, count, start_pos: 0, chunks: 1, rank: 1 });
             let data = data.map(<[u8]>::to_vec);
             let chunk = if together {
                 assert_eq!(c.poll_send(&bufs, &mut out), None, "{count}: one message");
@@ -1145,6 +1095,78 @@ mod tests {
             let last = if awaited { Delivery::AcceptedAwaited } else { Delivery::Accepted };
             assert_eq!(got, [Delivery::Accepted, Delivery::Accepted, last], "{kind:?}");
         }
+    }
+
+    fn ints(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
+        v.into_iter().flat_map(u32::to_ne_bytes).collect()
+    }
+
+    fn wire(v: impl IntoIterator<Item = u32>) -> Vec<u8> {
+        v.into_iter().flat_map(u32::to_be_bytes).collect()
+    }
+
+    /// A ReduceScatter sends the whole vector with its blocks interleaved (chunk k of
+    /// block b at position 2k + b), takes its own block's results, and completes on the
+    /// switches' last Progress.
+    #[test]
+    fn reduce_scatter_interleaves_the_blocks_and_completes_on_the_last_progress() {
+        let mut c =
+            HostCollective::new(CollectiveConfig { rank: 1, world_size: 2, mtu: 256, window: 8 });
+        // Blocks of 100 elements: chunks of 256 and 144 bytes, 4 positions.
+        let src = ints(0..200);
+        let mut dst = vec![0u8; 400];
+        c.start(spec(CollectiveKind::ReduceScatter, 100)).unwrap();
+        let mut bufs = OpBuffers::Separate { src: &src, dst: &mut dst };
+        let mut out = vec![0u8; 256];
+        let m = c.poll_send(&bufs, &mut out).unwrap();
+        let (op, start) = CtrlMsg::parse(m.imm.unwrap(), &out[..m.len]).unwrap();
+        assert!(op.is_scatter());
+        assert!(matches!(start, CtrlMsg::Start { count: 100, chunks: 4, .. }));
+        let mut sent = Vec::new();
+        while let Some(m) = c.poll_send(&bufs, &mut out) {
+            sent.push(out[..m.len].to_vec());
+        }
+        assert_eq!(sent.iter().map(Vec::len).collect::<Vec<_>>(), [256, 256, 144, 144]);
+        assert_eq!(sent, [wire(0..64), wire(100..164), wire(64..100), wire(164..200)]);
+        assert_eq!(c.handle_message(None, &wire(1000..1064), &mut bufs), Delivery::Accepted);
+        c.handle_message(None, &wire(1064..1100), &mut bufs);
+        assert_eq!(c.poll_completion(), None, "not before the last Progress");
+        let p = CtrlMsg::Progress { seq: 0, completed: 4 };
+        c.handle_message(Some(op.imm(MsgKind::Progress)), &p.to_bytes(), &mut bufs);
+        assert_eq!(c.poll_completion(), Some(Ok(())));
+        assert_eq!(dst, ints(1000..1100));
+    }
+
+    /// An AllGather rank sends its block at positions 3k + rank and receives the other
+    /// blocks' positions in stream order, each into its block of the result.
+    #[test]
+    fn allgather_sends_its_block_and_receives_the_others_in_stream_order() {
+        let mut c =
+            HostCollective::new(CollectiveConfig { rank: 1, world_size: 3, mtu: 256, window: 8 });
+        // Blocks of 70 elements: chunks of 256 and 24 bytes, 6 positions.
+        let mine = ints(70..140);
+        let mut all = vec![0u8; 840];
+        c.start(spec(CollectiveKind::AllGather, 70)).unwrap();
+        let mut bufs = OpBuffers::Separate { src: &mine, dst: &mut all };
+        let mut out = vec![0u8; 256];
+        let m = c.poll_send(&bufs, &mut out).unwrap();
+        let (op, start) = CtrlMsg::parse(m.imm.unwrap(), &out[..m.len]).unwrap();
+        assert_eq!(op.primitive, Primitive::AllGather);
+        assert!(matches!(start, CtrlMsg::Start { count: 70, chunks: 6, .. }));
+        let mut sent = Vec::new();
+        while let Some(m) = c.poll_send(&bufs, &mut out) {
+            sent.push(out[..m.len].to_vec());
+        }
+        assert_eq!(sent, [wire(70..134), wire(134..140)]);
+        // Positions 0, 2, 3, 5: block 0 and block 2, chunk by chunk.
+        for chunk in [wire(0..64), wire(140..204), wire(64..70), wire(204..210)] {
+            assert_eq!(c.poll_completion(), None);
+            assert_eq!(c.handle_message(None, &chunk, &mut bufs), Delivery::Accepted);
+        }
+        assert_eq!(c.poll_completion(), Some(Ok(())));
+        let mut want = ints(0..210);
+        want[280..560].fill(0); // its own block is the caller's to copy
+        assert_eq!(all, want);
     }
 
     #[test]

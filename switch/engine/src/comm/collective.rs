@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use inc_protocol::coll::{self, field, CollOp, CtrlMsg, PartOf};
+use inc_protocol::coll::{self, field, CollOp, CtrlMsg};
 use inc_wire::{Operator, Primitive, Psn};
 
 use super::mask::ChildMask;
@@ -19,8 +19,6 @@ pub(crate) struct StartClaim {
     pub(crate) chunks: u64,
     /// Lowest rank behind the child (names the culprit in errors).
     pub(crate) rank: u16,
-    /// Whether it is a part of a ReduceScatter or AllGather.
-    pub(crate) part_of: PartOf,
 }
 
 impl StartClaim {
@@ -31,15 +29,13 @@ impl StartClaim {
     /// Why the claim cannot be true on its own, if it cannot.
     pub(crate) fn inconsistency(&self, mtu: usize, world_size: u16) -> Option<String> {
         let s = self;
-        let chunks = match s.op.primitive {
-            Primitive::AllGather => {
-                coll::gather_chunks(s.count, s.op.datatype.size(), mtu, world_size)
-            }
-            _ => coll::chunk_count(s.count, s.op.datatype.size(), mtu),
+        let chunks = match s.op.primitive == Primitive::AllGather || s.op.is_scatter() {
+            true => coll::gather_chunks(s.count, s.op.datatype.size(), mtu, world_size),
+            false => coll::chunk_count(s.count, s.op.datatype.size(), mtu),
         };
         if s.chunks != chunks {
             Some(format!("rank {} announced {} chunks for {} elements", s.rank, s.chunks, s.count))
-        } else if s.op.rooted() && s.op.root >= world_size {
+        } else if s.op.rooted() && s.op.root >= world_size && !s.op.is_scatter() {
             Some(format!(
                 "rank {} named root {} outside world size {world_size}",
                 s.rank, s.op.root
@@ -75,9 +71,6 @@ impl StartClaim {
         if a.start_pos != b.start_pos {
             fields |= field::START;
         }
-        if a.part_of != b.part_of {
-            fields |= field::COLLECTIVE;
-        }
         fields
     }
 }
@@ -88,25 +81,48 @@ impl StartClaim {
 pub(crate) struct ExpectedData {
     pub(crate) seq: u32,
     pub(crate) start_pos: u64,
-    /// Bytes of the vector (an AllGather: of one block).
+    /// Bytes of the vector (a ReduceScatter or AllGather: of one block).
     pub(crate) bytes: u64,
     pub(crate) next_chunk: u64,
     pub(crate) chunks: u64,
-    /// An AllGather's: the chunks are those of the blocks of the ranks behind the
-    /// connection, interleaved (`coll::gather_position`) among `world` blocks.
-    pub(crate) gather_world: Option<u16>,
+    pub(crate) layout: Layout,
+}
+
+/// What a connection sends of a collective, in stream order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// One vector, chunk after chunk.
+    Vector,
+    /// Of `world` interleaved blocks (`coll::gather_position`) ...
+    Blocks { world: u16, of: Whose },
+}
+
+/// ... the chunks of the blocks of:
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Whose {
+    /// every rank (a ReduceScatter's contributions);
+    Everyone,
+    /// the ranks behind the connection (an AllGather's blocks);
+    Behind,
+    /// the ranks below this switch (a ReduceScatter's results from the parent).
+    Below,
 }
 
 impl ExpectedData {
     /// Stream position and payload length of the next chunk, given the ranks behind
-    /// the connection it comes from.
-    pub(crate) fn next(&self, ranks: &[u16], mtu: usize) -> (u64, usize) {
-        let (rel, chunk) = match self.gather_world {
-            Some(world) => {
-                let rel = coll::gather_position(self.next_chunk, ranks, world);
+    /// the connection it comes from and those below this switch.
+    pub(crate) fn next(&self, behind: &[u16], below: &[u16], mtu: usize) -> (u64, usize) {
+        let k = self.next_chunk;
+        let (rel, chunk) = match self.layout {
+            Layout::Vector => (k, k),
+            Layout::Blocks { world, of } => {
+                let rel = match of {
+                    Whose::Everyone => k,
+                    Whose::Behind => coll::gather_position(k, behind, world),
+                    Whose::Below => coll::gather_position(k, below, world),
+                };
                 (rel, coll::gather_chunk_at(rel, world).1)
             }
-            None => (self.next_chunk, self.next_chunk),
         };
         (self.start_pos.wrapping_add(rel), coll::chunk_range(chunk, self.bytes, mtu).1)
     }
@@ -278,7 +294,6 @@ mod tests {
             start_pos: 40,
             chunks: coll::chunk_count(count, 4, mtu),
             rank: 3,
-            part_of: PartOf::Whole,
         }
     }
 
@@ -318,9 +333,9 @@ mod tests {
         let other_root = StartClaim { op: CollOp { root: 0, ..all.op }, ..all };
         assert_eq!(all.mismatched_fields(&other_root), 0);
         assert_eq!(all.mismatched_fields(&a), field::PRIMITIVE);
-        // A ReduceScatter's first part against the Reduce it looks like.
-        let part = StartClaim { part_of: PartOf::ReduceScatter, ..a };
-        assert_eq!(a.mismatched_fields(&part), field::COLLECTIVE);
+        // A ReduceScatter (a Reduce to every rank) against a Reduce to rank 1.
+        let scatter = StartClaim { op: CollOp { root: IncImm::ALL_RANKS, ..a.op }, ..a };
+        assert_eq!(a.mismatched_fields(&scatter), field::ROOT);
     }
 
     fn reduce_collective() -> Collective {

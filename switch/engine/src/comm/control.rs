@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use inc_protocol::coll::{field, CtrlMsg};
 use inc_wire::Primitive;
 
-use super::collective::{ExpectedData, StartClaim};
+use super::collective::{ExpectedData, Layout, StartClaim, Whose};
 use super::failure::Verdict;
 use super::roles::{self, View};
 use super::{Comm, Disposition};
@@ -35,8 +35,8 @@ impl Comm {
         }
         let from_parent = Some(conn) == self.parent;
         match msg {
-            CtrlMsg::Start { seq, count, start_pos, chunks, rank, part_of } if !from_parent => {
-                let claim = StartClaim { op, count, start_pos, chunks, rank, part_of };
+            CtrlMsg::Start { seq, count, start_pos, chunks, rank } if !from_parent => {
+                let claim = StartClaim { op, count, start_pos, chunks, rank };
                 match data {
                     None => self.on_start(conn, seq, claim, events),
                     Some(chunk) => self.on_start_with_data(conn, seq, claim, chunk, events),
@@ -135,17 +135,21 @@ impl Comm {
         self.collectives[coll_idx].started.insert(child);
         // The data this child will send, by its own account: parseable even on mismatch.
         let world = self.rules.world_size;
-        let (sends, chunks, gather_world) = match claim.op.primitive {
+        let (sends, chunks, layout) = match claim.op.primitive {
             Primitive::Broadcast => {
                 let root_here = self.conns[conn].ranks.binary_search(&claim.op.root).is_ok();
-                (root_here, claim.chunks, None)
+                (root_here, claim.chunks, Layout::Vector)
             }
             // The blocks of the ranks behind the child.
             Primitive::AllGather => {
                 let per_block = claim.chunks / u64::from(world.max(1));
-                (true, per_block * self.conns[conn].ranks.len() as u64, Some(world))
+                let chunks = per_block * self.conns[conn].ranks.len() as u64;
+                (true, chunks, Layout::Blocks { world, of: Whose::Behind })
             }
-            _ => (true, claim.chunks, None),
+            _ if claim.op.is_scatter() => {
+                (true, claim.chunks, Layout::Blocks { world, of: Whose::Everyone })
+            }
+            _ => (true, claim.chunks, Layout::Vector),
         };
         if sends {
             self.conns[conn].expected.push_back(ExpectedData {
@@ -154,7 +158,7 @@ impl Comm {
                 bytes: claim.bytes(),
                 next_chunk: 0,
                 chunks,
-                gather_world,
+                layout,
             });
         }
         if self.collectives[coll_idx].failed {
@@ -219,6 +223,7 @@ impl Comm {
             children: self.all_children,
             root_child: root_conn.map(|c| self.conns[c].child_ordinal.expect("child")),
             root_child_is_host: root_conn.is_some_and(|c| self.conns[c].is_host()),
+            scatter: claim.op.is_scatter(),
         };
         let roles = match roles::assign(claim.op.primitive, claim.chunks, view) {
             Ok(roles) => roles,
@@ -243,18 +248,24 @@ impl Comm {
                 start_pos: claim.start_pos,
                 chunks: claim.chunks,
                 rank: self.lowest_rank_below,
-                part_of: claim.part_of,
             };
             self.send_control(parent, &claim.op, msg);
             if roles.chunks_from_parent > 0 {
-                let gather = claim.op.primitive == Primitive::AllGather;
+                // An AllGather's blocks of the ranks beyond the parent, a ReduceScatter's
+                // results for the ranks below.
+                let world = self.rules.world_size;
+                let layout = match claim.op.primitive {
+                    Primitive::AllGather => Layout::Blocks { world, of: Whose::Behind },
+                    _ if claim.op.is_scatter() => Layout::Blocks { world, of: Whose::Below },
+                    _ => Layout::Vector,
+                };
                 self.conns[parent].expected.push_back(ExpectedData {
                     seq,
                     start_pos: claim.start_pos,
                     bytes: claim.bytes(),
                     next_chunk: 0,
                     chunks: roles.chunks_from_parent,
-                    gather_world: gather.then_some(self.rules.world_size),
+                    layout,
                 });
             }
         }

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use inc_protocol::coll::CollOp;
+use inc_protocol::coll::{self, CollOp};
 use inc_protocol::frame;
 use inc_wire::icrc::PayloadCrc;
 
@@ -36,7 +36,7 @@ impl Comm {
             self.next_chunk(conn);
             return Disposition::Accept;
         };
-        let (pos, len) = expected.next(&self.conns[conn].ranks, self.mtu);
+        let (pos, len) = expected.next(&self.conns[conn].ranks, &self.ranks_below, self.mtu);
         if payload.len() != len {
             self.counters.protocol_errors += 1;
             self.next_chunk(conn);
@@ -55,7 +55,7 @@ impl Comm {
         if self.collectives[coll_idx].is_gather() {
             self.on_gather_data(conn, coll_idx, pos, payload, crc_source)
         } else if Some(conn) == self.parent {
-            self.on_parent_data(conn, coll_idx, payload, crc_source)
+            self.on_parent_data(conn, coll_idx, pos, payload, crc_source)
         } else {
             self.on_child_data(conn, coll_idx, pos, payload, crc_source)
         }
@@ -84,8 +84,8 @@ impl Comm {
         let coll = &self.collectives[coll_idx];
         let seq = coll.seq;
         let op = coll.claim.expect("data follows the child's Start").op;
-        if self.passes_through(coll_idx, child) {
-            self.send_result_through(coll_idx, payload, crc_source);
+        if self.passes_through(coll_idx, pos, child) {
+            self.send_result_through(coll_idx, pos, payload, crc_source);
             self.counters.chunks_passed_through += 1;
             self.next_chunk(conn);
             self.chunk_done(coll_idx);
@@ -131,10 +131,11 @@ impl Comm {
         &mut self,
         conn: usize,
         coll_idx: usize,
+        pos: u64,
         payload: &[u8],
         crc_source: Option<FrameCrc<'_>>,
     ) -> Disposition {
-        let roles = self.collectives[coll_idx].roles;
+        let roles = self.roles_at(coll_idx, pos);
         if roles
             .down_to_children
             .iter()
@@ -165,12 +166,28 @@ impl Comm {
     /// slot: `child` is the only contributor (a Broadcast's owner, a switch with one
     /// contributing branch), the collective is ready, no completed chunk waits before
     /// it and every destination has room.
-    fn passes_through(&self, coll_idx: usize, child: usize) -> bool {
+    fn passes_through(&self, coll_idx: usize, pos: u64, child: usize) -> bool {
         let coll = &self.collectives[coll_idx];
         coll.ready
             && coll.roles.contributors == ChildMask::single(child)
             && self.completed_slots.is_empty()
-            && self.result_room(coll.roles)
+            && self.result_room(self.roles_at(coll_idx, pos))
+    }
+
+    /// The roles of collective `coll_idx` for the chunk at `pos`: a ReduceScatter's
+    /// result goes down only towards the rank whose block it is.
+    fn roles_at(&self, coll_idx: usize, pos: u64) -> Roles {
+        let coll = &self.collectives[coll_idx];
+        let mut roles = coll.roles;
+        if let Some(claim) = coll.claim.filter(|c| c.op.is_scatter()) {
+            let world = self.rules.world_size;
+            let (rank, _) = coll::gather_chunk_at(pos.wrapping_sub(claim.start_pos), world);
+            let towards = self.conns[self.rank_conn[usize::from(rank)]].child_ordinal;
+            let owner = towards.map_or(ChildMask::EMPTY, ChildMask::single);
+            roles.up_to_children = roles.up_to_children & owner;
+            roles.down_to_children = roles.down_to_children & owner;
+        }
+        roles
     }
 
     /// Sends a chunk that is its own result ([`Self::passes_through`]) to every
@@ -180,13 +197,14 @@ impl Comm {
     fn send_result_through(
         &mut self,
         coll_idx: usize,
+        pos: u64,
         payload: &[u8],
         crc_source: Option<FrameCrc<'_>>,
     ) {
-        let crc =
-            shared_crc(payload, self.result_fan_out(self.collectives[coll_idx].roles), crc_source);
+        let roles = self.roles_at(coll_idx, pos);
+        let crc = shared_crc(payload, self.result_fan_out(roles), crc_source);
         let Comm { conns, child_conn, parent, collectives, .. } = self;
-        send_result(conns, child_conn, *parent, &mut collectives[coll_idx], payload, crc);
+        send_result(conns, child_conn, *parent, &mut collectives[coll_idx], roles, payload, crc);
     }
 
     /// The slot `child`'s chunk at `pos` completes, when its result can go out at once:
@@ -200,7 +218,7 @@ impl Comm {
         // The slot's bookkeeping first: most contributions are not the last, and they
         // need no scan of the destinations' queues.
         let slot = self.slots.completed_by(seq, pos, child, coll.roles.contributors)?;
-        self.result_room(coll.roles).then_some(slot)
+        self.result_room(self.roles_at(coll_idx, pos)).then_some(slot)
     }
 
     /// How many connections a result goes to: the parent (if it goes up and there is
@@ -233,7 +251,7 @@ impl Comm {
         op: &CollOp,
         payload: &[u8],
     ) -> bool {
-        let roles = self.collectives[coll_idx].roles;
+        let roles = self.roles_at(coll_idx, self.slots.meta(slot).pos);
         let to_parent = self.parent.filter(|&p| roles.up_to_parent && !self.conns[p].failed);
         let first_child =
             roles.up_to_children.iter().find(|&c| !self.conns[self.child_conn[c]].failed);
@@ -307,7 +325,7 @@ impl Comm {
                 self.completed_slots.pop_front();
                 continue;
             };
-            let roles = self.collectives[coll_idx].roles;
+            let roles = self.roles_at(coll_idx, self.slots.meta(slot).pos);
             if !self.result_room(roles) {
                 break;
             }
@@ -316,7 +334,8 @@ impl Comm {
             let Comm { conns, child_conn, parent, collectives, slots, .. } = self;
             let data = slots.aggregate(slot, &op, roles.contributors);
             let crc = shared_crc(data, fan_out, None);
-            send_result(conns, child_conn, *parent, &mut collectives[coll_idx], data, crc);
+            let coll = &mut collectives[coll_idx];
+            send_result(conns, child_conn, *parent, coll, roles, data, crc);
             self.completed_slots.pop_front();
             self.result_sent(coll_idx, slot);
         }
@@ -332,10 +351,10 @@ fn send_result(
     child_conn: &[usize],
     parent: Option<usize>,
     coll: &mut Collective,
+    roles: Roles,
     data: &[u8],
     crc: Option<PayloadCrc>,
 ) {
-    let roles = coll.roles;
     if let Some(parent) = parent.filter(|_| roles.up_to_parent) {
         conns[parent].send_data(data, crc.as_ref());
     }

@@ -140,6 +140,8 @@ pub(crate) struct Comm {
     lowest_rank_below: u16,
     /// Per rank: the connection it is reached through.
     rank_conn: Vec<usize>,
+    /// The ranks behind the children, ascending.
+    ranks_below: Vec<u16>,
     slots: SlotPool,
     /// Per slot: the CRC of an AllGather chunk held there, read off its frame.
     held_crc: Vec<Option<PayloadCrc>>,
@@ -203,6 +205,9 @@ impl Comm {
                 rank_conn[usize::from(rank)] = i;
             }
         }
+        let mut ranks_below: Vec<u16> =
+            child_conn.iter().flat_map(|&c| rules.connections[c].ranks.iter().copied()).collect();
+        ranks_below.sort_unstable();
         let progress_every =
             u64::from(cfg.progress_every.unwrap_or((rules.window / 4).max(1)).max(1));
         let slot_count = rules.slots as usize;
@@ -218,6 +223,7 @@ impl Comm {
             child_conn,
             lowest_rank_below,
             rank_conn,
+            ranks_below,
             collectives: VecDeque::with_capacity(MAX_COLLECTIVES),
             retired: VecDeque::with_capacity(RETIRED_MEMORY),
             completed_slots: VecDeque::with_capacity(slot_count),

@@ -46,6 +46,8 @@ pub(crate) struct View {
     pub(crate) root_child: Option<usize>,
     /// ... and whether that child is the root host itself.
     pub(crate) root_child_is_host: bool,
+    /// A ReduceScatter (a Reduce to every rank).
+    pub(crate) scatter: bool,
 }
 
 impl View {
@@ -80,6 +82,23 @@ pub(crate) fn assign(primitive: Primitive, chunks: u64, view: View) -> Result<Ro
                 roles.down_to_children = all;
             } else {
                 roles.up_to_children = all;
+            }
+        }
+        // Aggregated as an AllReduce; each position's result goes only towards the rank
+        // whose block it is (the data path narrows the children per position), and the
+        // root's aggregated count comes down as Progress for the positions a rank does
+        // not receive.
+        Primitive::Reduce if view.scatter => {
+            roles.contributors = all;
+            if view.has_parent {
+                roles.up_to_parent = true;
+                let below = u64::from(view.world - view.ranks_beyond_parent);
+                roles.chunks_from_parent = chunks / u64::from(view.world.max(1)) * below;
+                roles.down_to_children = all;
+                roles.forward_parent_progress = all;
+            } else {
+                roles.up_to_children = all;
+                roles.tell_delivery = all;
             }
         }
         Primitive::Reduce => {
@@ -146,6 +165,7 @@ mod tests {
             children: ChildMask::first(children),
             root_child,
             root_child_is_host: true,
+            scatter: false,
         }
     }
 
@@ -224,6 +244,25 @@ mod tests {
     }
 
     #[test]
+    fn reduce_scatter_roles() {
+        // A leaf of two hosts, two ranks beyond the parent, 3 chunks per block: up as
+        // an AllReduce, the 6 results for the ranks below from the parent, Progress
+        // forwarded to both children.
+        let v = View { scatter: true, ..view(true, 2, None) };
+        let r = assign(Primitive::Reduce, 12, v).unwrap();
+        assert_eq!(r.contributors, ChildMask::first(2));
+        assert!(r.up_to_parent);
+        assert_eq!(r.chunks_from_parent, 6);
+        assert_eq!(r.forward_parent_progress, ChildMask::first(2));
+        // The root: results down, its count told to every child.
+        let v = View { scatter: true, ..view(false, 4, None) };
+        let r = assign(Primitive::Reduce, 12, v).unwrap();
+        assert_eq!(r.up_to_children, ChildMask::first(4));
+        assert_eq!(r.tell_delivery, ChildMask::first(4));
+        assert!(!r.up_to_parent);
+    }
+
+    #[test]
     fn broadcast_through_a_switch_with_nobody_else_is_idle() {
         // A lone child switch (not the host) leads to the root, and nobody else is here
         // or beyond the parent: this switch neither receives nor sends anything.
@@ -234,6 +273,7 @@ mod tests {
             children: ChildMask::first(1),
             root_child: Some(0),
             root_child_is_host: false,
+            scatter: false,
         };
         assert_eq!(assign(Primitive::Broadcast, 4, v).unwrap(), Roles::default());
         // The same with the root host itself attached: it still sends (and is told).

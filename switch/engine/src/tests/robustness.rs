@@ -99,7 +99,7 @@ proptest::proptest! {
             let imm = match (imm, kind) {
                 (Some(x), 0) => Some(x),
                 (_, 1) => {
-                    let m = inc_protocol::coll::CtrlMsg::Start { seq: (f[0] % 3) as u32, count: f[1] % 1000, start_pos: f[2] % 50, chunks: f[1] % 7, rank: 0, part_of: Default::default() };
+                    let m = inc_protocol::coll::CtrlMsg::Start { seq: (f[0] % 3) as u32, count: f[1] % 1000, start_pos: f[2] % 50, chunks: f[1] % 7, rank: 0 };
                     payload = m.to_bytes().to_vec();
                     Some(op.imm(m.kind()))
                 }
@@ -182,14 +182,7 @@ fn start_with_data_on_a_busy_slot_is_refused_whole() {
     // stream position `start_pos`, contributing 7. Returns the result chunks the switch
     // sends back as (port, value), by port.
     let send = |sw: &mut SwitchEngine, rank: usize, k: u32, seq: u32, start_pos: u64| {
-        let msg = CtrlMsg::Start {
-            seq,
-            count: 1,
-            start_pos,
-            chunks: 1,
-            rank: rank as u16,
-            part_of: Default::default(),
-        };
+        let msg = CtrlMsg::Start { seq, count: 1, start_pos, chunks: 1, rank: rank as u16 };
         let mut payload = [0u8; HEADER_LEN + 4];
         let imm = msg.emit_start_with_data(&op, &mut payload);
         payload[HEADER_LEN..].copy_from_slice(&7u32.to_be_bytes());
