@@ -42,8 +42,8 @@ impl Collective {
         }
     }
 
-    /// Whether the vector is `world` blocks, one rooted part per rank (the size is
-    /// the whole vector, as in inc-bench).
+    /// Whether the vector is `world` blocks, one per rank (the size is the whole
+    /// vector, as in inc-bench).
     pub fn is_blockwise(self) -> bool {
         matches!(self, Collective::ReduceScatter | Collective::AllGather)
     }

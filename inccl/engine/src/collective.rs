@@ -71,8 +71,7 @@ pub struct CollectiveConfig {
     pub window: u32,
 }
 
-/// Collectives (calls, or parts of a blockwise call) a host keeps on the wire at once
-/// on one communicator. Half of the 8 a switch tracks per communicator: a switch
+/// Collectives (calls) a host keeps on the wire at once on one communicator. Half of the 8 a switch tracks per communicator: a switch
 /// retires a collective only once every connection below it confirmed it, so ranks run
 /// ahead of it, and a Start beyond its table is RNR-NAKed (the seeded simulation sees
 /// such RNRs in lossless runs at 8, none at 4).

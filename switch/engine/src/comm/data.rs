@@ -61,6 +61,32 @@ impl Comm {
         }
     }
 
+    /// Puts `source`'s chunk at `pos` from `conn` into its slot: the slot and who has
+    /// arrived there, or what to answer (RNR while the slot holds an older chunk; a
+    /// protocol error is consumed).
+    pub(super) fn contribute(
+        &mut self,
+        conn: usize,
+        seq: u32,
+        pos: u64,
+        source: usize,
+        op: &CollOp,
+        payload: &[u8],
+    ) -> Result<(usize, ChildMask), Disposition> {
+        match self.slots.contribute(seq, pos, source, op, payload) {
+            Contribution::Stored { slot, arrived } => Ok((slot, arrived)),
+            Contribution::SlotBusy => {
+                self.counters.slot_conflicts += 1;
+                Err(Disposition::Rnr)
+            }
+            Contribution::Rejected => {
+                self.counters.protocol_errors += 1;
+                self.next_chunk(conn);
+                Err(Disposition::Accept)
+            }
+        }
+    }
+
     /// The chunk at the head of `conn`'s expectation was consumed.
     pub(super) fn next_chunk(&mut self, conn: usize) {
         let expected = &mut self.conns[conn].expected;
@@ -99,17 +125,9 @@ impl Comm {
                 return Disposition::Accept;
             }
         }
-        let (slot, arrived) = match self.slots.contribute(seq, pos, child, &op, payload) {
-            Contribution::Stored { slot, arrived } => (slot, arrived),
-            Contribution::SlotBusy => {
-                self.counters.slot_conflicts += 1;
-                return Disposition::Rnr;
-            }
-            Contribution::Rejected => {
-                self.counters.protocol_errors += 1;
-                self.next_chunk(conn);
-                return Disposition::Accept;
-            }
+        let (slot, arrived) = match self.contribute(conn, seq, pos, child, &op, payload) {
+            Ok(stored) => stored,
+            Err(disposition) => return disposition,
         };
         self.next_chunk(conn);
         // Before every Start arrived the contributors are unknown; `make_ready` picks up

@@ -13,7 +13,7 @@
 use inc_protocol::coll;
 
 use super::mask::ChildMask;
-use super::slots::{Contribution, SlotState};
+use super::slots::SlotState;
 use super::{shared_crc, Comm, Conn, Disposition, FrameCrc};
 
 impl Comm {
@@ -43,20 +43,12 @@ impl Comm {
                 return Disposition::Rnr;
             }
             let source = self.conns[conn].child_ordinal.unwrap_or(0);
-            match self.slots.contribute(seq, pos, source, &claim.op, payload) {
-                Contribution::Stored { slot, .. } => {
+            match self.contribute(conn, seq, pos, source, &claim.op, payload) {
+                Ok((slot, _)) => {
                     self.held_crc[slot] = crc;
                     self.counters.gather_chunks_held += 1;
                 }
-                Contribution::SlotBusy => {
-                    self.counters.slot_conflicts += 1;
-                    return Disposition::Rnr;
-                }
-                Contribution::Rejected => {
-                    self.counters.protocol_errors += 1;
-                    self.next_chunk(conn);
-                    return Disposition::Accept;
-                }
+                Err(disposition) => return disposition,
             }
         } else if self.conns[conn].child_ordinal.is_some() {
             self.counters.chunks_passed_through += 1;
