@@ -53,8 +53,8 @@ fn mac(ip: Ipv4Addr) -> EthernetAddress {
     EthernetAddress([2, 0, o[0], o[1], o[2], o[3]])
 }
 
-/// The switch under test: id 1, ports p0 (parent switch, if `with_parent`), p1, p2
-/// (ranks 0 and 1), one communicator.
+/// The switch under test: id 1, ports p0 (parent switch, if `with_parent`, ranks 2 and
+/// 3 beyond it), p1, p2 (ranks 0 and 1), one communicator.
 fn rules(with_parent: bool) -> SwitchRules {
     let conn = |p: usize, peer: Peer, ranks: Vec<u16>| ConnectionRule {
         port: format!("p{p}"),
@@ -75,7 +75,7 @@ fn rules(with_parent: bool) -> SwitchRules {
         vec![conn(1, Peer::Host { rank: 0 }, vec![0]), conn(2, Peer::Host { rank: 1 }, vec![1])];
     let mut parent = None;
     if with_parent {
-        connections.insert(0, conn(0, Peer::Switch { switch_id: 0 }, vec![]));
+        connections.insert(0, conn(0, Peer::Switch { switch_id: 0 }, vec![2, 3]));
         parent = Some(0);
     }
     SwitchRules {
