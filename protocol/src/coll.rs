@@ -331,6 +331,12 @@ pub fn gather_chunks(count: u64, elem: usize, mtu: usize, world: u16) -> u64 {
     chunk_count(count, elem, mtu).saturating_mul(u64::from(world.max(1)))
 }
 
+/// Chunks of `blocks` of the `world` blocks of an interleaved collective (ReduceScatter,
+/// AllGather) of `chunks` stream positions.
+pub fn chunks_of_blocks(chunks: u64, world: u16, blocks: u64) -> u64 {
+    chunks / u64::from(world.max(1)) * blocks
+}
+
 /// Position, relative to an AllGather's start, of the `index`-th chunk a peer sends
 /// when the blocks it carries are those of `ranks` (ascending): a host its own block,
 /// a switch the blocks of the ranks behind it, in stream order.

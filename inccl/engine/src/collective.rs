@@ -535,7 +535,7 @@ impl HostCollective {
                 world: self.cfg.world_size,
                 rank: self.cfg.rank,
                 block_bytes: wire.bytes,
-                per_block: wire.chunks / u64::from(self.cfg.world_size),
+                per_block: coll::chunks_of_blocks(wire.chunks, self.cfg.world_size, 1),
                 received: 0,
                 reported: 0,
             });
@@ -1104,6 +1104,29 @@ mod tests {
         v.into_iter().flat_map(u32::to_be_bytes).collect()
     }
 
+    /// Starts `kind` of `count` on `c` and sends all it may: the Start (checked to
+    /// announce `chunks` positions) and then the data messages.
+    fn start_and_send(
+        c: &mut HostCollective,
+        kind: CollectiveKind,
+        count: u64,
+        chunks: u64,
+        bufs: &OpBuffers<'_>,
+    ) -> (CollOp, Vec<Vec<u8>>) {
+        c.start(spec(kind, count)).unwrap();
+        let mut out = vec![0u8; 256];
+        let m = c.poll_send(bufs, &mut out).unwrap();
+        let (op, start) = CtrlMsg::parse(m.imm.unwrap(), &out[..m.len]).unwrap();
+        assert!(
+            matches!(start, CtrlMsg::Start { count: n, chunks: k, .. } if n == count && k == chunks)
+        );
+        let mut sent = Vec::new();
+        while let Some(m) = c.poll_send(bufs, &mut out) {
+            sent.push(out[..m.len].to_vec());
+        }
+        (op, sent)
+    }
+
     /// A ReduceScatter sends the whole vector with its blocks interleaved (chunk k of
     /// block b at position 2k + b), takes its own block's results, and completes on the
     /// switches' last Progress.
@@ -1114,17 +1137,9 @@ mod tests {
         // Blocks of 100 elements: chunks of 256 and 144 bytes, 4 positions.
         let src = ints(0..200);
         let mut dst = vec![0u8; 400];
-        c.start(spec(CollectiveKind::ReduceScatter, 100)).unwrap();
         let mut bufs = OpBuffers::Separate { src: &src, dst: &mut dst };
-        let mut out = vec![0u8; 256];
-        let m = c.poll_send(&bufs, &mut out).unwrap();
-        let (op, start) = CtrlMsg::parse(m.imm.unwrap(), &out[..m.len]).unwrap();
+        let (op, sent) = start_and_send(&mut c, CollectiveKind::ReduceScatter, 100, 4, &bufs);
         assert!(op.is_scatter());
-        assert!(matches!(start, CtrlMsg::Start { count: 100, chunks: 4, .. }));
-        let mut sent = Vec::new();
-        while let Some(m) = c.poll_send(&bufs, &mut out) {
-            sent.push(out[..m.len].to_vec());
-        }
         assert_eq!(sent.iter().map(Vec::len).collect::<Vec<_>>(), [256, 256, 144, 144]);
         assert_eq!(sent, [wire(0..64), wire(100..164), wire(64..100), wire(164..200)]);
         assert_eq!(c.handle_message(None, &wire(1000..1064), &mut bufs), Delivery::Accepted);
@@ -1145,17 +1160,9 @@ mod tests {
         // Blocks of 70 elements: chunks of 256 and 24 bytes, 6 positions.
         let mine = ints(70..140);
         let mut all = vec![0u8; 840];
-        c.start(spec(CollectiveKind::AllGather, 70)).unwrap();
         let mut bufs = OpBuffers::Separate { src: &mine, dst: &mut all };
-        let mut out = vec![0u8; 256];
-        let m = c.poll_send(&bufs, &mut out).unwrap();
-        let (op, start) = CtrlMsg::parse(m.imm.unwrap(), &out[..m.len]).unwrap();
+        let (op, sent) = start_and_send(&mut c, CollectiveKind::AllGather, 70, 6, &bufs);
         assert_eq!(op.primitive, Primitive::AllGather);
-        assert!(matches!(start, CtrlMsg::Start { count: 70, chunks: 6, .. }));
-        let mut sent = Vec::new();
-        while let Some(m) = c.poll_send(&bufs, &mut out) {
-            sent.push(out[..m.len].to_vec());
-        }
         assert_eq!(sent, [wire(70..134), wire(134..140)]);
         // Positions 0, 2, 3, 5: block 0 and block 2, chunk by chunk.
         for chunk in [wire(0..64), wire(140..204), wire(64..70), wire(204..210)] {

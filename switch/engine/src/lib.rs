@@ -216,8 +216,8 @@ pub struct CommCounters {
     pub chunks_passed_through: u64,
     /// Chunks received from the parent and sent down.
     pub chunks_down: u64,
-    /// AllGather chunks that arrived before an earlier position and waited in a slot
-    /// for their turn (positions leave in stream order).
+    /// AllGather chunks that arrived before some destination's cursor reached them and
+    /// waited in a slot for it (each link carries its positions in stream order).
     pub gather_chunks_held: u64,
     /// Progress messages sent.
     pub progress_sent: u64,

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use inc_protocol::coll::{field, CtrlMsg};
+use inc_protocol::coll::{self, field, CtrlMsg};
 use inc_wire::Primitive;
 
 use super::collective::{ExpectedData, Layout, StartClaim, Whose};
@@ -142,8 +142,8 @@ impl Comm {
             }
             // The blocks of the ranks behind the child.
             Primitive::AllGather => {
-                let per_block = claim.chunks / u64::from(world.max(1));
-                let chunks = per_block * self.conns[conn].ranks.len() as u64;
+                let behind = self.conns[conn].ranks.len() as u64;
+                let chunks = coll::chunks_of_blocks(claim.chunks, world, behind);
                 (true, chunks, Layout::Blocks { world, of: Whose::Behind })
             }
             _ if claim.op.is_scatter() => {

@@ -171,12 +171,14 @@ impl Comm {
         self.counters.chunks_down += 1;
         let coll = &mut self.collectives[coll_idx];
         coll.chunks_from_parent += 1;
-        let seq = coll.seq;
+        let (seq, sent_everything) = (coll.seq, coll.sent_everything());
         self.next_chunk(conn);
         self.flush_progress(coll_idx, false);
         self.maybe_retire(seq);
-        // The last of it lets an AllGather behind it go on.
-        self.send_gathered();
+        if sent_everything {
+            // The last of it lets an AllGather behind it go on.
+            self.send_gathered();
+        }
         Disposition::Accept
     }
 
@@ -324,13 +326,17 @@ impl Comm {
 
     /// Bookkeeping once a chunk's result went out.
     fn chunk_done(&mut self, coll_idx: usize) {
-        let seq = self.collectives[coll_idx].seq;
         self.counters.chunks_aggregated += 1;
-        self.collectives[coll_idx].chunks_aggregated += 1;
+        let coll = &mut self.collectives[coll_idx];
+        coll.chunks_aggregated += 1;
+        let (seq, sent_everything) = (coll.seq, coll.sent_everything());
         self.update_delivered(coll_idx);
         self.flush_progress(coll_idx, false);
         self.maybe_retire(seq);
-        self.send_gathered();
+        if sent_everything {
+            // The last of it lets an AllGather behind it go on.
+            self.send_gathered();
+        }
     }
 
     /// Sends completed chunks on, in completion order, while the send queues have room.

@@ -57,10 +57,10 @@ impl Comm {
         self.collectives[coll_idx].gather_arrived += 1;
         if may_send {
             // Straight from the frame to every destination whose cursor is at it.
-            let up = self.parent.filter(|&p| p != conn && !self.conns[p].ranks.is_empty());
+            let up = receiving_parent(&self.conns, self.parent);
             let Comm { conns, child_conn, collectives, rank_conn, rules, .. } = self;
             let next_to = &mut collectives[coll_idx].gather_next_to;
-            for d in child_conn.iter().copied().filter(|&c| c != conn).chain(up) {
+            for d in receivers(child_conn, up, conn) {
                 if next_to[d] == rel && conns[d].data_room() {
                     conns[d].send_data(payload, crc.as_ref());
                     next_to[d] = next_owed(rank_conn, rules.world_size, claim.chunks, d, rel + 1);
@@ -75,9 +75,10 @@ impl Comm {
     /// is owed its first position, the others nothing.
     pub(super) fn init_gather_cursors(&mut self, coll_idx: usize) {
         let chunks = self.collectives[coll_idx].chunks();
+        let up = receiving_parent(&self.conns, self.parent);
         let cursors = (0..self.conns.len())
             .map(|d| {
-                let receives = Some(d) != self.parent || !self.conns[d].ranks.is_empty();
+                let receives = Some(d) != self.parent || up.is_some();
                 match receives {
                     true => next_owed(&self.rank_conn, self.rules.world_size, chunks, d, 0),
                     false => chunks,
@@ -192,20 +193,24 @@ impl Comm {
     }
 }
 
+/// The parent, when ranks lie beyond it: it is sent the positions that come from
+/// children.
+fn receiving_parent(conns: &[Conn], parent: Option<usize>) -> Option<usize> {
+    parent.filter(|&p| !conns[p].ranks.is_empty())
+}
+
 /// The connections a position from `from` goes to: every child but `from`, and the
-/// parent when the position came from a child and ranks lie beyond the parent.
-fn receivers<'a>(
-    conns: &'a [Conn],
-    child_conn: &'a [usize],
-    parent: Option<usize>,
+/// receiving parent `up` unless the position came from it.
+fn receivers(
+    child_conn: &[usize],
+    up: Option<usize>,
     from: usize,
-) -> impl Iterator<Item = usize> + 'a {
-    let up = parent.filter(|&p| p != from && !conns[p].ranks.is_empty());
-    child_conn.iter().copied().filter(move |&c| c != from).chain(up)
+) -> impl Iterator<Item = usize> + '_ {
+    child_conn.iter().copied().filter(move |&c| c != from).chain(up.filter(|&p| p != from))
 }
 
 fn receivers_of(comm: &Comm, from: usize) -> impl Iterator<Item = usize> + '_ {
-    receivers(&comm.conns, &comm.child_conn, comm.parent, from)
+    receivers(&comm.child_conn, receiving_parent(&comm.conns, comm.parent), from)
 }
 
 /// The first position at or after `rel` that connection `d` is owed: one that does not

@@ -1,5 +1,6 @@
 //! What this switch does for one collective, decided once every child's Start arrived.
 
+use inc_protocol::coll;
 use inc_wire::Primitive;
 
 use super::mask::ChildMask;
@@ -69,8 +70,8 @@ pub(crate) fn assign(primitive: Primitive, chunks: u64, view: View) -> Result<Ro
             roles.up_to_children = all;
             roles.up_to_parent = view.parent_has_ranks();
             if view.parent_has_ranks() {
-                let per_block = chunks / u64::from(view.world.max(1));
-                roles.chunks_from_parent = per_block * u64::from(view.ranks_beyond_parent);
+                let beyond = u64::from(view.ranks_beyond_parent);
+                roles.chunks_from_parent = coll::chunks_of_blocks(chunks, view.world, beyond);
                 roles.down_to_children = all;
             }
         }
@@ -93,7 +94,7 @@ pub(crate) fn assign(primitive: Primitive, chunks: u64, view: View) -> Result<Ro
             if view.has_parent {
                 roles.up_to_parent = true;
                 let below = u64::from(view.world - view.ranks_beyond_parent);
-                roles.chunks_from_parent = chunks / u64::from(view.world.max(1)) * below;
+                roles.chunks_from_parent = coll::chunks_of_blocks(chunks, view.world, below);
                 roles.down_to_children = all;
                 roles.forward_parent_progress = all;
             } else {
