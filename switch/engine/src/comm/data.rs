@@ -169,16 +169,9 @@ impl Comm {
             self.note_result_sent(coll_idx, child, to, psn);
         }
         self.counters.chunks_down += 1;
-        let coll = &mut self.collectives[coll_idx];
-        coll.chunks_from_parent += 1;
-        let (seq, sent_everything) = (coll.seq, coll.sent_everything());
+        self.collectives[coll_idx].chunks_from_parent += 1;
         self.next_chunk(conn);
-        self.flush_progress(coll_idx, false);
-        self.maybe_retire(seq);
-        if sent_everything {
-            // The last of it lets an AllGather behind it go on.
-            self.send_gathered();
-        }
+        self.after_chunk_sent(coll_idx);
         Disposition::Accept
     }
 
@@ -327,14 +320,19 @@ impl Comm {
     /// Bookkeeping once a chunk's result went out.
     fn chunk_done(&mut self, coll_idx: usize) {
         self.counters.chunks_aggregated += 1;
-        let coll = &mut self.collectives[coll_idx];
-        coll.chunks_aggregated += 1;
-        let (seq, sent_everything) = (coll.seq, coll.sent_everything());
+        self.collectives[coll_idx].chunks_aggregated += 1;
         self.update_delivered(coll_idx);
+        self.after_chunk_sent(coll_idx);
+    }
+
+    /// After a chunk went down or its result out: Progress, retirement and, once the
+    /// collective has sent everything, the AllGathers waiting behind it.
+    fn after_chunk_sent(&mut self, coll_idx: usize) {
+        let coll = &self.collectives[coll_idx];
+        let (seq, sent_everything) = (coll.seq, coll.sent_everything());
         self.flush_progress(coll_idx, false);
         self.maybe_retire(seq);
         if sent_everything {
-            // The last of it lets an AllGather behind it go on.
             self.send_gathered();
         }
     }
